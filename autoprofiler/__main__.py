@@ -1,0 +1,5 @@
+import sys
+
+from autoprofiler.cli import main
+
+sys.exit(main())

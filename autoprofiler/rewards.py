@@ -1,0 +1,131 @@
+"""The one definition of speedup, reward and effective speedup, and the reward-table schema.
+
+Choice (documented in README): the paper rewards a rewrite only when it is correct *and* faster than the
+original. We use ``reward = max(0, log(speedup))`` for a correct candidate and ``0`` otherwise:
+
+- log makes rewards additive over tasks (their mean is the log of the geometric-mean speedup, the
+  number KernelBench-style reports quote), and symmetric for 2x faster / 2x slower;
+- clipping at 0 says what a deployment does: a slower or wrong candidate is discarded and the original
+  kept, so it neither helps nor hurts.
+
+``effective_speedup`` is the speedup a user gets: the candidate's when correct, else 1.0 (original kept).
+Note effective speedup is *not* clipped at 1.0 for correct-but-slower candidates: reports follow
+KernelBench and show the measured ratio; ``reward`` is what the learner maximizes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from typing import Any
+
+import pyarrow as pa
+
+__all__ = [
+    "REWARD_SCHEMA",
+    "REWARD_KEY_COLUMNS",
+    "effective_speedup",
+    "outcome_key",
+    "reward",
+    "speedup",
+]
+
+
+def speedup(ref_ms: float | None, new_ms: float | None) -> float | None:
+    """Reference time over candidate time; ``None`` when either is missing or not positive.
+
+    >>> speedup(2.0, 1.0)
+    2.0
+    """
+    if ref_ms is None or new_ms is None or not (ref_ms > 0 and new_ms > 0):
+        return None
+    return ref_ms / new_ms
+
+
+def _fields(result: Any) -> tuple[bool, float | None]:
+    """(correct, speedup) from an EvalResult, a reward row (dict) or anything with those attributes."""
+    if isinstance(result, dict):
+        return bool(result.get("correct")), result.get("speedup")
+    return bool(result.correct), result.speedup
+
+
+def reward(result: Any) -> float:
+    """``max(0, log(speedup))`` when the candidate is correct and timed, else ``0.0``.
+
+    >>> reward({"correct": True, "speedup": 2.0}) == math.log(2.0)
+    True
+    >>> reward({"correct": False, "speedup": 5.0})
+    0.0
+    """
+    correct, s = _fields(result)
+    if not correct or s is None or not s > 0:
+        return 0.0
+    return max(0.0, math.log(s))
+
+
+def effective_speedup(result: Any) -> float:
+    """The speedup a user gets: the candidate's when correct and timed, else 1.0 (the original is kept)."""
+    correct, s = _fields(result)
+    if not correct or s is None or not s > 0:
+        return 1.0
+    return float(s)
+
+
+REWARD_KEY_COLUMNS = ("task_hash", "configuration", "rewriter", "seed", "round")
+
+
+def outcome_key(task_hash: str, configuration: str, rewriter: str, seed: int, round: int) -> str:
+    """A stable string key for one (task, configuration, rewriter, seed, round) outcome.
+
+    ``configuration`` is a canonical string: the sorted group names joined by ``+`` ("" for none).
+    """
+    raw = "\x1f".join([task_hash, configuration, rewriter, str(int(seed)), str(int(round))])
+    return hashlib.sha256(raw.encode()).hexdigest()[:24]
+
+
+def configuration_name(groups) -> str:
+    """Canonical name of a set of metric groups: sorted, joined by ``+``; ``""`` for none."""
+    return "+".join(sorted(set(groups)))
+
+
+# One row per evaluated (task, configuration, rewriter, seed, round).
+REWARD_SCHEMA = pa.schema(
+    [
+        ("key", pa.string()),
+        ("task_id", pa.string()),
+        ("task_hash", pa.string()),
+        ("level", pa.int32()),
+        ("configuration", pa.string()),
+        ("policy", pa.string()),
+        ("rewriter", pa.string()),
+        ("seed", pa.int64()),
+        ("round", pa.int32()),
+        # outcome
+        ("action", pa.string()),
+        ("candidate_hash", pa.string()),
+        ("compiled", pa.bool_()),
+        ("correct", pa.bool_()),
+        ("error_kind", pa.string()),
+        ("error", pa.string()),
+        ("ref_ms", pa.float64()),
+        ("new_ms", pa.float64()),
+        ("speedup", pa.float64()),
+        ("reward", pa.float64()),
+        ("effective_speedup", pa.float64()),
+        # costs
+        ("profile_passes", pa.int64()),
+        ("profile_seconds", pa.float64()),
+        ("llm_calls", pa.int64()),
+        ("prompt_tokens", pa.int64()),
+        ("completion_tokens", pa.int64()),
+        ("eval_seconds", pa.float64()),
+        # provenance
+        ("device", pa.string()),
+        ("profile_source", pa.string()),
+        ("driver", pa.string()),
+        ("ncu_version", pa.string()),
+        ("git_sha", pa.string()),
+        ("run_id", pa.string()),
+        ("created_at", pa.timestamp("s", tz="UTC")),
+    ]
+)
