@@ -1,0 +1,643 @@
+"""RuleRewriter: profile-guided, torch-level rewrites decided by documented rules. No LLM, no GPU needed.
+
+Every candidate is built the same way (``source_for``): the task source is copied with ``class Model``
+renamed to ``_Original`` (every ``Model`` name token, so ``super(Model, self)`` follows), then
+
+    class ModelNew(nn.Module):
+        def __init__(self, *args, **kwargs):
+            super().__init__()
+            self.inner = _Original(*args, **kwargs)   # same seed => same parameters as the reference
+            ...                                        # the action
+
+so the candidate never touches the evaluator's reference ``Model`` and has the same constructor
+signature. The actions (``ACTIONS``):
+
+``keep``           ModelNew = a copy of the original (never wrong, never faster: reward 0).
+``torch_compile``  ``torch.compile`` of the copy (``compile_mode``, default ``"default"``): fuses chains of
+                   elementwise/reduction ops into Triton kernels (C++ on CPU).
+``cuda_graph``     captures the forward into a CUDA graph with static input buffers; each call copies the
+                   inputs in, replays, and returns clones of the static outputs (fresh tensors per call).
+                   Re-captures when the input shapes/dtypes/strides change; plain forward off CUDA.
+``tf32``           TF32 for fp32 matmul and convolution inside ``forward`` only (the flags are restored
+                   afterwards, so the reference is untouched). Only chosen when the allowed tolerance
+                   (``tolerance``) is at least ``tf32_min_tolerance``: TF32 keeps 10 mantissa bits and
+                   fails the evaluator's fp32 default of 1e-4 on long reductions.
+``channels_last``  4-D/5-D parameters and inputs in channels-last layout and ``cudnn.benchmark`` on during
+                   ``forward`` (restored afterwards): removes NCHW<->NHWC transposes around cuDNN convs.
+
+The decision (``decide``) walks ``RULES`` in order; the first rule whose metrics are all present in the
+profile it is shown and whose condition holds names the action. A rule whose metrics are absent is
+skipped (the rewriter sees only what was profiled), and when no rule fires the default action is taken
+(``torch_compile``: the one torch-level rewrite that helps broadly on a GPU, fusing elementwise chains;
+``keep`` would make every blind rewrite worthless, which flatters profiling). See ``RULES`` for each
+rule's code. The list, in order (ncu names verbatim; first match wins):
+
+============================== ============= =====================================================
+rule                           action        fires when (all named metrics shown)
+============================== ============= =====================================================
+launch_bound                   cuda_graph    derived__launch_overhead_share >= 0.5
+many_short_kernels             cuda_graph    derived__kernel_count >= 4 and mean kernel < 5 us
+underfilled_many_kernels       cuda_graph    launch__waves_per_multiprocessor < 0.5, >= 3 kernels
+fp32_gemm_without_tensor_cores tf32          tolerance allows, tensor-core time share < 0.05, SM >= 50%
+fp32_fma_bound                 tf32          tolerance allows, FMA pipe >= 60%, GEMM/conv kernels > 50%
+conv_layout_transposes         channels_last nchwToNhwc/nhwcToNchw kernels >= 5% of time, a conv kernel
+single_kernel_at_bandwidth     keep          DRAM >= 60% with one kernel
+memory_bound_chain             torch_compile DRAM >= 40% over >= 2 kernels
+low_intensity_chain            torch_compile derived__arithmetic_intensity < 10 over >= 2 kernels
+compute_bound_library_kernel   keep          SM >= 60% with <= 2 kernels
+torch_launch_bound             cuda_graph    torch__launch_overhead_share >= 0.5
+torch_many_short_ops           cuda_graph    torch__op_count >= 8 and torch__mean_op_time_us < 20
+torch_matmul_heavy_tf32        tf32          tolerance allows, torch__matmul_time_share >= 0.6
+torch_conv_with_copies         channels_last torch__copy_time_share >= 0.05, conv ops > 20% of time
+torch_elementwise_chain        torch_compile torch__elementwise_time_share >= 0.3
+torch_single_library_op        keep          torch__matmul_time_share >= 0.8, elementwise < 0.1
+============================== ============= =====================================================
+
+Launch overhead comes first because a CUDA graph is the only action that removes it; TF32 before
+layout and fusion because on an fp32 GEMM/conv it is the largest single gain when allowed; ``keep``
+for a lone kernel already at a roof, where torch-level rewrites only add overhead. Bump
+``RULE_VERSION`` whenever a rule or threshold changes: it is the rewriter's identity in reward keys.
+
+Example::
+
+    rewriter = RuleRewriter()
+    action, reason = rewriter.decide(profile)         # e.g. ("cuda_graph", "launch-bound: ...")
+    rewrite = rewriter.rewrite(task, profile)         # Rewrite(source=..., action="cuda_graph", ...)
+    source = rewriter.source_for(task, "tf32")        # any action's candidate (for replay tables)
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import re
+import tokenize
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from autoprofiler.rewriters.base import Rewrite
+
+logger = logging.getLogger(__name__)
+
+RULE_VERSION = "rule-v1"
+ORIGINAL_NAME = "_Original"
+
+
+# ------------------------------------------------------------------------------------------------
+# Candidate sources
+# ------------------------------------------------------------------------------------------------
+_HEADER = """
+
+# ---- autoprofiler RuleRewriter ({version}): action {action!r} ----
+import torch
+import torch.nn as nn
+"""
+
+_KEEP = '''
+
+class ModelNew(nn.Module):
+    """The original computation, unchanged (action keep)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        self.inner = _Original(*args, **kwargs)
+
+    def forward(self, *args):
+        return self.inner(*args)
+'''
+
+_TORCH_COMPILE = '''
+
+class ModelNew(nn.Module):
+    """The original module under torch.compile(mode={mode!r}, dynamic=False) (action torch_compile)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        self.inner = _Original(*args, **kwargs)
+        self.inner.compile(mode={mode!r}, dynamic=False)
+
+    def forward(self, *args):
+        return self.inner(*args)
+'''
+
+_CUDA_GRAPH = '''
+
+def _ap_clone_outputs(value):
+    if isinstance(value, torch.Tensor):
+        return value.clone()
+    if isinstance(value, (tuple, list)):
+        return type(value)(_ap_clone_outputs(item) for item in value)
+    if isinstance(value, dict):
+        return {{key: _ap_clone_outputs(item) for key, item in value.items()}}
+    return value
+
+
+def _ap_signature(args):
+    return tuple(
+        (tuple(a.shape), a.dtype, a.device, a.stride()) if isinstance(a, torch.Tensor) else ("value", repr(a))
+        for a in args
+    )
+
+
+class ModelNew(nn.Module):
+    """The original forward captured into a CUDA graph with static input buffers (action cuda_graph).
+
+    Each call copies the inputs into the static buffers, replays the graph and returns clones of the
+    static outputs (a fresh tensor per call). New shapes, dtypes or strides trigger a new capture.
+    Inputs not on CUDA run the plain forward.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        self.inner = _Original(*args, **kwargs)
+        self._graph = None
+        self._graph_key = None
+        self._static_inputs = None
+        self._static_output = None
+
+    def _capture(self, args, key):
+        self._graph = None
+        static = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range({warmup}):  # warm up outside the capture (cuBLAS/cuDNN workspaces, autotuning)
+                self.inner(*static)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            output = self.inner(*static)
+        self._graph, self._graph_key = graph, key
+        self._static_inputs, self._static_output = static, output
+
+    def forward(self, *args):
+        if not any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
+            return self.inner(*args)
+        with torch.no_grad():
+            key = _ap_signature(args)
+            if self._graph is None or key != self._graph_key:
+                self._capture(args, key)
+            for static, a in zip(self._static_inputs, args):
+                if isinstance(a, torch.Tensor):
+                    static.copy_(a)
+            self._graph.replay()
+            return _ap_clone_outputs(self._static_output)
+'''
+
+_TF32 = '''
+
+class ModelNew(nn.Module):
+    """The original forward with TF32 allowed for fp32 matmul and convolution (action tf32).
+
+    The flags are set for the duration of the call only and restored afterwards.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        self.inner = _Original(*args, **kwargs)
+
+    def forward(self, *args):
+        previous = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        try:
+            return self.inner(*args)
+        finally:
+            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
+'''
+
+_CHANNELS_LAST = '''
+
+def _ap_channels_last(t):
+    if isinstance(t, torch.Tensor) and t.dim() == 4:
+        return t.contiguous(memory_format=torch.channels_last)
+    if isinstance(t, torch.Tensor) and t.dim() == 5:
+        return t.contiguous(memory_format=torch.channels_last_3d)
+    return t
+
+
+class ModelNew(nn.Module):
+    """Channels-last parameters and inputs, cudnn.benchmark on (action channels_last).
+
+    cudnn.benchmark is set for the duration of the call only and restored afterwards.
+    """
+
+    def __init__(self, *args, **kwargs):
+        super().__init__()
+        self.inner = _Original(*args, **kwargs)
+        with torch.no_grad():
+            for tensor in list(self.inner.parameters()) + list(self.inner.buffers()):
+                tensor.data = _ap_channels_last(tensor.data)
+
+    def forward(self, *args):
+        previous = torch.backends.cudnn.benchmark
+        torch.backends.cudnn.benchmark = True
+        try:
+            return self.inner(*[_ap_channels_last(a) for a in args])
+        finally:
+            torch.backends.cudnn.benchmark = previous
+'''
+
+
+@dataclass(frozen=True)
+class Action:
+    name: str
+    description: str
+    template: str
+
+
+ACTIONS: dict[str, Action] = {
+    a.name: a
+    for a in (
+        Action("keep", "ModelNew is a copy of the original", _KEEP),
+        Action("torch_compile", "torch.compile of the original module", _TORCH_COMPILE),
+        Action("cuda_graph", "CUDA-graph capture of the forward with static input buffers", _CUDA_GRAPH),
+        Action("tf32", "TF32 for fp32 matmul/conv during forward", _TF32),
+        Action(
+            "channels_last",
+            "channels-last parameters and inputs, cudnn.benchmark during forward",
+            _CHANNELS_LAST,
+        ),
+    )
+}
+
+
+def rename_model(source: str, new_name: str = ORIGINAL_NAME) -> str:
+    """``source`` with every ``Model`` name token renamed to ``new_name`` (strings and comments untouched).
+
+    Raises ``ValueError`` when the source defines no ``class Model`` or already uses ``new_name`` or
+    ``ModelNew``.
+
+    >>> rename_model("class Model(nn.Module):\\n    def f(self):\\n        return super(Model, self)\\n")
+    'class _Original(nn.Module):\\n    def f(self):\\n        return super(_Original, self)\\n'
+    """
+    if not re.search(r"^class\s+Model\b", source, re.MULTILINE):
+        raise ValueError("expected a task source defining 'class Model' at module level; found none")
+    lines = source.splitlines(keepends=True)
+    spots: list[tuple[int, int]] = []
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(source).readline):
+            if token.type == tokenize.NAME and token.string in (new_name, "ModelNew"):
+                raise ValueError(f"the task source already uses the name {token.string!r}; cannot rewrite it")
+            if token.type == tokenize.NAME and token.string == "Model":
+                spots.append(token.start)
+    except (tokenize.TokenError, IndentationError, SyntaxError) as exc:
+        raise ValueError(
+            f"expected a tokenizable Python task source; got {type(exc).__name__}: {exc}"
+        ) from exc
+    for row, col in reversed(spots):
+        line = lines[row - 1]
+        lines[row - 1] = line[:col] + new_name + line[col + len("Model") :]
+    return "".join(lines)
+
+
+def build_source(task_source: str, action: str, compile_mode: str = "default", graph_warmup: int = 3) -> str:
+    """The candidate source for ``action`` applied to ``task_source`` (see the module docstring)."""
+    if action not in ACTIONS:
+        raise ValueError(f"action must be one of {sorted(ACTIONS)}, got {action!r}")
+    body = ACTIONS[action].template.format(mode=compile_mode, warmup=int(graph_warmup))
+    header = _HEADER.format(version=RULE_VERSION, action=action)
+    return rename_model(task_source).rstrip("\n") + "\n" + header + body
+
+
+# ------------------------------------------------------------------------------------------------
+# Decision rules
+# ------------------------------------------------------------------------------------------------
+# ncu metric names verbatim (autoprofiler/profiling/groups.py); torch features are the torch__* names.
+SM = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
+DRAM = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
+DURATION = "gpu__time_duration.sum"  # ns, per kernel and summed over the task's kernels
+KERNELS = "derived__kernel_count"
+LAUNCH_SHARE = "derived__launch_overhead_share"
+TENSOR_SHARE = "derived__tensor_core_time_share"
+FMA_PIPE = "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"
+WAVES = "launch__waves_per_multiprocessor"
+INTENSITY = "derived__arithmetic_intensity"
+# Kernels cuDNN launches to convert NCHW tensors for its NHWC (tensor-core) convolutions.
+LAYOUT_KERNELS = r"nchwToNhwc|nhwcToNchw|nchw_to_nhwc|nhwc_to_nchw"
+CONV_KERNELS = r"conv|fprop|dgrad|implicit_gemm|implicit_convolve|winograd"
+TORCH_DURATION = "torch__self_time_us"  # per-operator row duration of the torch source
+CONV_OPS = r"conv"  # torch.profiler operator rows: aten::convolution, aten::mkldnn_convolution, ...
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One entry of the decision list.
+
+    Attributes:
+        name: a short id (reported in the reason).
+        action: the action it picks when it fires.
+        source: ``"ncu"`` or ``"torch"``: the profile source it reads.
+        needs: metric names (verbatim) that must all be in the shown profile; otherwise the rule is
+            skipped. ``()`` for rules that read the per-kernel table (which must then be non-empty).
+        test: ``test(metrics, kernels, rewriter) -> bool``.
+        why: the reason, ``str.format``-ed with the metrics (keys with ``.`` replaced by ``_``).
+    """
+
+    name: str
+    action: str
+    source: str
+    needs: tuple[str, ...]
+    test: Callable[[dict, list, RuleRewriter], bool]
+    why: str
+
+
+def kernel_time_share(kernels: list[dict], pattern: str, duration_key: str = DURATION) -> float:
+    """Fraction of the summed ``duration_key`` in kernel rows whose ``name`` matches ``pattern`` (any case).
+
+    >>> kernel_time_share([{"name": "nchwToNhwcKernel", DURATION: 1.0}, {"name": "gemm", DURATION: 3.0}],
+    ...                   LAYOUT_KERNELS)
+    0.25
+    """
+    regex = re.compile(pattern, re.IGNORECASE)
+    total = matched = 0.0
+    for row in kernels or ():
+        value = _number(row.get(duration_key))
+        if value is None:
+            continue
+        total += value
+        if regex.search(str(row.get("name", ""))):
+            matched += value
+    return matched / total if total > 0 else 0.0
+
+
+def _number(value) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        return None
+    return float(value)
+
+
+def _tf32_allowed(rewriter: RuleRewriter) -> bool:
+    return rewriter.tolerance >= rewriter.tf32_min_tolerance
+
+
+RULES: tuple[Rule, ...] = (
+    # ---- ncu (the H200) ----
+    Rule(
+        "launch_bound",
+        "cuda_graph",
+        "ncu",
+        (LAUNCH_SHARE,),
+        lambda m, k, r: m[LAUNCH_SHARE] >= 0.5,
+        "launch-bound: {derived__launch_overhead_share:.2f} of the call's wall time is outside kernels "
+        "(>= 0.50); a CUDA graph replays all launches at once",
+    ),
+    Rule(
+        "many_short_kernels",
+        "cuda_graph",
+        "ncu",
+        (KERNELS, DURATION),
+        lambda m, k, r: m[KERNELS] >= 4 and m[DURATION] / m[KERNELS] < 5_000,
+        "many short kernels: {derived__kernel_count:.0f} kernels averaging "
+        "{mean_kernel_us:.1f} us (< 5 us each); launch latency dominates, a CUDA graph removes it",
+    ),
+    Rule(
+        "underfilled_many_kernels",
+        "cuda_graph",
+        "ncu",
+        (WAVES, KERNELS),
+        lambda m, k, r: m[WAVES] < 0.5 and m[KERNELS] >= 3,
+        "GPU underfilled: {launch__waves_per_multiprocessor:.2f} waves per SM over "
+        "{derived__kernel_count:.0f} kernels; small launches are latency-bound, a CUDA graph hides it",
+    ),
+    Rule(
+        "fp32_gemm_without_tensor_cores",
+        "tf32",
+        "ncu",
+        (TENSOR_SHARE, SM),
+        lambda m, k, r: _tf32_allowed(r) and m[TENSOR_SHARE] < 0.05 and m[SM] >= 50,
+        "compute-bound ({sm__throughput_avg_pct_of_peak_sustained_elapsed:.0f}% SM) with tensor cores idle "
+        "({derived__tensor_core_time_share:.2f} of time): fp32 math on CUDA cores; TF32 moves it to "
+        "tensor cores (the tolerance allows it)",
+    ),
+    Rule(
+        "fp32_fma_bound",
+        "tf32",
+        "ncu",
+        (FMA_PIPE,),
+        lambda m, k, r: (
+            _tf32_allowed(r) and m[FMA_PIPE] >= 60 and kernel_time_share(k, CONV_KERNELS + "|gemm") > 0.5
+        ),
+        "FMA pipe {sm__pipe_fma_cycles_active_avg_pct_of_peak_sustained_active:.0f}% busy in GEMM/conv "
+        "kernels: fp32 on CUDA cores; TF32 moves it to tensor cores (the tolerance allows it)",
+    ),
+    Rule(
+        "conv_layout_transposes",
+        "channels_last",
+        "ncu",
+        (),
+        lambda m, k, r: (
+            kernel_time_share(k, LAYOUT_KERNELS) >= 0.05 and kernel_time_share(k, CONV_KERNELS) > 0
+        ),
+        "convolution with NCHW<->NHWC layout transposes taking {layout_share:.0%} of kernel time: "
+        "channels-last tensors remove them",
+    ),
+    Rule(
+        "single_kernel_at_bandwidth",
+        "keep",
+        "ncu",
+        (DRAM, KERNELS),
+        lambda m, k, r: m[DRAM] >= 60 and m[KERNELS] <= 1,
+        "one kernel already at {dram__throughput_avg_pct_of_peak_sustained_elapsed:.0f}% of DRAM bandwidth: "
+        "nothing to fuse, no torch-level rewrite beats it",
+    ),
+    Rule(
+        "memory_bound_chain",
+        "torch_compile",
+        "ncu",
+        (DRAM, KERNELS),
+        lambda m, k, r: m[DRAM] >= 40 and m[KERNELS] >= 2,
+        "memory-bound chain: {dram__throughput_avg_pct_of_peak_sustained_elapsed:.0f}% DRAM over "
+        "{derived__kernel_count:.0f} kernels; fusing them (torch.compile) saves the round trips",
+    ),
+    Rule(
+        "low_intensity_chain",
+        "torch_compile",
+        "ncu",
+        (INTENSITY, KERNELS),
+        lambda m, k, r: m[INTENSITY] < 10 and m[KERNELS] >= 2,
+        "low arithmetic intensity ({derived__arithmetic_intensity:.1f} FLOP/B) over "
+        "{derived__kernel_count:.0f} kernels: traffic-bound, fusion (torch.compile) cuts the bytes",
+    ),
+    Rule(
+        "compute_bound_library_kernel",
+        "keep",
+        "ncu",
+        (SM, KERNELS),
+        lambda m, k, r: m[SM] >= 60 and m[KERNELS] <= 2,
+        "{derived__kernel_count:.0f} kernel(s) at {sm__throughput_avg_pct_of_peak_sustained_elapsed:.0f}% "
+        "SM throughput: a library kernel near peak, keep it",
+    ),
+    # ---- torch.profiler (CPU or GPU) ----
+    Rule(
+        "torch_launch_bound",
+        "cuda_graph",
+        "torch",
+        ("torch__launch_overhead_share",),
+        lambda m, k, r: m["torch__launch_overhead_share"] >= 0.5,
+        "launch/dispatch-bound: {torch__launch_overhead_share:.2f} of the call's wall time is outside "
+        "operators (>= 0.50); a CUDA graph replays all launches at once",
+    ),
+    Rule(
+        "torch_many_short_ops",
+        "cuda_graph",
+        "torch",
+        ("torch__op_count", "torch__mean_op_time_us"),
+        lambda m, k, r: m["torch__op_count"] >= 8 and m["torch__mean_op_time_us"] < 20,
+        "{torch__op_count:.0f} operators averaging {torch__mean_op_time_us:.1f} us (< 20 us): "
+        "dispatch-bound, a CUDA graph removes the per-op overhead",
+    ),
+    Rule(
+        "torch_matmul_heavy_tf32",
+        "tf32",
+        "torch",
+        ("torch__matmul_time_share",),
+        lambda m, k, r: _tf32_allowed(r) and m["torch__matmul_time_share"] >= 0.6,
+        "{torch__matmul_time_share:.0%} of operator time in matmul/conv and the tolerance allows TF32",
+    ),
+    Rule(
+        "torch_conv_with_copies",
+        "channels_last",
+        "torch",
+        ("torch__copy_time_share",),
+        lambda m, k, r: m["torch__copy_time_share"] >= 0.05 and _torch_conv_share(k) > 0.2,
+        "convolutions ({conv_share:.0%} of operator time) with {torch__copy_time_share:.0%} of time in "
+        "copies/layout conversions: channels-last tensors remove them",
+    ),
+    Rule(
+        "torch_elementwise_chain",
+        "torch_compile",
+        "torch",
+        ("torch__elementwise_time_share",),
+        lambda m, k, r: m["torch__elementwise_time_share"] >= 0.3,
+        "{torch__elementwise_time_share:.0%} of operator time in elementwise ops: fusion (torch.compile) "
+        "removes the intermediate tensors",
+    ),
+    Rule(
+        "torch_single_library_op",
+        "keep",
+        "torch",
+        ("torch__matmul_time_share", "torch__elementwise_time_share"),
+        lambda m, k, r: m["torch__matmul_time_share"] >= 0.8 and m["torch__elementwise_time_share"] < 0.1,
+        "{torch__matmul_time_share:.0%} of operator time in one library matmul/conv, little else: keep it",
+    ),
+)
+
+
+def _torch_conv_share(kernels: list[dict]) -> float:
+    return kernel_time_share(kernels, CONV_OPS, TORCH_DURATION)
+
+
+def _reason_values(metrics: dict, kernels: list) -> dict:
+    values = {name.replace(".", "_"): value for name, value in metrics.items()}
+    count = metrics.get(KERNELS)
+    if count and metrics.get(DURATION) is not None:
+        values["mean_kernel_us"] = metrics[DURATION] / count / 1000.0
+    values["layout_share"] = kernel_time_share(kernels, LAYOUT_KERNELS)
+    values["conv_share"] = _torch_conv_share(kernels)
+    return values
+
+
+class RuleRewriter:
+    """Profile-guided torch-level rewrites (see the module docstring for the actions and ``RULES``).
+
+    Parameters:
+        default_action: the action when no rule fires or nothing was profiled (``"torch_compile"``).
+        compile_mode: ``torch.compile`` mode for ``torch_compile`` (``"default"``, ``"max-autotune"``,
+            ``"max-autotune-no-cudagraphs"``, ``"reduce-overhead"``).
+        tolerance: the absolute/relative tolerance the evaluator will apply to fp32 outputs (its default
+            is 1e-4).
+        tf32_min_tolerance: the rules pick ``tf32`` only when ``tolerance`` is at least this (1e-2).
+        rules: the decision list (default ``RULES``).
+
+    ``identity`` is ``"rule-v1"`` with the defaults, else ``"rule-v1[name=value,...]"`` listing the
+    parameters that differ, so reward rows of differently configured rewriters never mix.
+    """
+
+    DEFAULTS = {
+        "default_action": "torch_compile",
+        "compile_mode": "default",
+        "tolerance": 1e-4,
+        "tf32_min_tolerance": 1e-2,
+    }
+
+    def __init__(
+        self,
+        default_action: str = "torch_compile",
+        compile_mode: str = "default",
+        tolerance: float = 1e-4,
+        tf32_min_tolerance: float = 1e-2,
+        rules: tuple[Rule, ...] = RULES,
+    ):
+        if default_action not in ACTIONS:
+            raise ValueError(f"default_action must be one of {sorted(ACTIONS)}, got {default_action!r}")
+        unknown = [rule.name for rule in rules if rule.action not in ACTIONS]
+        if unknown:
+            raise ValueError(f"rules {unknown} name actions outside {sorted(ACTIONS)}")
+        self.default_action = default_action
+        self.compile_mode = compile_mode
+        self.tolerance = float(tolerance)
+        self.tf32_min_tolerance = float(tf32_min_tolerance)
+        self.rules = tuple(rules)
+        settings = {
+            "default_action": default_action,
+            "compile_mode": compile_mode,
+            "tolerance": self.tolerance,
+            "tf32_min_tolerance": self.tf32_min_tolerance,
+        }
+        changed = [
+            f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
+            for k, v in settings.items()
+            if v != self.DEFAULTS[k]
+        ]
+        if rules is not RULES:
+            changed.append("rules=" + "+".join(rule.name for rule in rules))
+        self.identity = RULE_VERSION + (f"[{','.join(changed)}]" if changed else "")
+
+    @staticmethod
+    def actions() -> list[str]:
+        """Every action's name: ``['keep', 'torch_compile', 'cuda_graph', 'tf32', 'channels_last']``."""
+        return list(ACTIONS)
+
+    def source_for(self, task, action: str) -> str:
+        """The candidate source for ``action`` on ``task`` (any action, whatever the rules say)."""
+        return build_source(task.source, action, compile_mode=self.compile_mode)
+
+    def decide(self, profile) -> tuple[str, str]:
+        """``(action, reason)`` from the metrics of the shown ``profile`` (None: blind -> the default).
+
+        Example::
+
+            >>> RuleRewriter().decide(None)
+            ('torch_compile', 'no profile: default action torch_compile')
+        """
+        if profile is None:
+            return self.default_action, f"no profile: default action {self.default_action}"
+        metrics = {name: float(v) for name, v in (profile.metrics or {}).items() if _number(v) is not None}
+        kernels = list(getattr(profile, "kernels", None) or [])
+        source = getattr(profile, "source", "ncu")
+        for rule in self.rules:
+            if rule.source != source:
+                continue
+            if not all(name in metrics for name in rule.needs):
+                continue
+            if not rule.needs and not kernels:
+                continue
+            if rule.test(metrics, kernels, self):
+                why = rule.why.format(**_reason_values(metrics, kernels))
+                return rule.action, f"{rule.name}: {why}"
+        shown = ", ".join(sorted(profile.groups)) if getattr(profile, "groups", None) else "no groups"
+        return (
+            self.default_action,
+            f"no rule fired on the {source} profile ({shown}): default action {self.default_action}",
+        )
+
+    def rewrite(self, task, profile) -> Rewrite:
+        """Decide from ``profile`` and build that action's candidate; a task it cannot copy gives an error."""
+        action, reason = self.decide(profile)
+        raw = f"action {action}: {ACTIONS[action].description}. Reason: {reason}"
+        try:
+            source = self.source_for(task, action)
+        except ValueError as exc:
+            return Rewrite(source=None, raw=raw, error=str(exc), action=action)
+        return Rewrite(source=source, raw=raw, action=action)
