@@ -17,41 +17,645 @@ EXIT_OK, EXIT_INCORRECT, EXIT_BAD_INPUT, EXIT_ENVIRONMENT = 0, 1, 2, 3
 
 # --- eval --------------------------------------------------------------------------------------------
 def _add_eval(sub) -> None:
-    p = sub.add_parser("eval", help="evaluate a candidate ModelNew against a task's Model")
+    p = sub.add_parser(
+        "eval",
+        help="evaluate a candidate ModelNew against a task's Model",
+        description="Evaluate CANDIDATE (a file defining ModelNew, or 'identity' for ModelNew = Model) "
+        "against TASK (a KernelBench-form task file) in a sandboxed worker. Exit 0 when correct, 1 when "
+        "not, 2 on bad input, 3 when the environment cannot run it. "
+        "Example: autoprofiler eval datasets/suite/l1/relu.py identity --device cpu --size small",
+    )
+    p.add_argument("task", help="task file (.py defining Model, get_inputs, get_init_inputs)")
+    p.add_argument("candidate", help="candidate file defining ModelNew, or 'identity'")
+    p.add_argument("--device", default="auto", help="cpu | cuda | cuda:N | auto (cuda when available)")
+    p.add_argument("--size", choices=("auto", "full", "small"), default="auto",
+                   help="task size (AUTOPROFILER_TASK_SIZE); auto: full on CUDA, small on CPU")
+    p.add_argument("--trials", type=int, default=None, help="timing trials (default 100)")
+    p.add_argument("--correctness-trials", type=int, default=None, help="correctness trials (default 5)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds for the job (default 300)")
+    p.add_argument("--json", action="store_true", help="print the EvalResult as JSON")
     p.set_defaults(func=_cmd_eval)
 
 
+def _load_eval_task(path: str):
+    """A Task from a file: ``tasks.load_task_file`` when present (it validates), else a plain read."""
+    from autoprofiler import tasks
+
+    loader = getattr(tasks, "load_task_file", None)
+    if loader is not None:
+        return loader(path)
+    from pathlib import Path
+
+    return tasks.Task.from_source(Path(path).stem, Path(path).read_text(), level=0, origin=str(path))
+
+
 def _cmd_eval(args) -> int:
-    raise NotImplementedError
+    import json
+    from pathlib import Path
+
+    from autoprofiler.evaluation import EvalConfig, Evaluator, EvaluatorError, TaskError, identity_candidate
+
+    try:
+        task = _load_eval_task(args.task)
+    except Exception as exc:  # TaskLoadError, OSError: bad input either way
+        print(f"error: task {args.task!r} does not load: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.candidate == "identity":
+        candidate = identity_candidate(task.source)
+    else:
+        try:
+            candidate = Path(args.candidate).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            print(f"error: cannot read candidate {args.candidate!r}: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    device = args.device
+    if device == "auto" or device.startswith("cuda"):
+        import torch
+
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif not torch.cuda.is_available():
+            print(f"error: --device {device} but torch sees no CUDA device", file=sys.stderr)
+            return EXIT_ENVIRONMENT
+    size = args.size if args.size != "auto" else ("small" if device == "cpu" else "full")
+    overrides = {
+        "timing_trials": args.trials,
+        "correctness_trials": args.correctness_trials,
+        "timeout_s": args.timeout,
+    }
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    try:
+        config = EvalConfig(device=device, task_size=size, **overrides)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        with Evaluator(config, spares=0, fork_server=False) as evaluator:
+            result = evaluator.evaluate(task, candidate)
+    except TaskError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except EvaluatorError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
+    if args.json:
+        print(json.dumps({"task": task.id, "task_hash": task.hash, **result.to_dict()}, indent=2))
+    else:
+        print(f"{task.id} [{task.hash}] on {device} ({size}): {result.summary()}")
+    return EXIT_OK if result.correct else EXIT_INCORRECT
 
 
 # --- profile -----------------------------------------------------------------------------------------
 def _add_profile(sub) -> None:
-    p = sub.add_parser("profile", help="profile a task with metric groups and print a table")
+    p = sub.add_parser(
+        "profile",
+        help="profile a task with metric groups and print a table",
+        description="Collect metric GROUPS for TASK (a KernelBench-form file) with Nsight Compute "
+        "(--source ncu, on a GPU) or torch.profiler (--source torch, CPU or GPU) and print metric, unit, "
+        "value and the cost. Exit 2 on bad input or a failing program, 3 when ncu is missing or counters "
+        "are not permitted. Example: autoprofiler profile datasets/suite/l1/relu.py "
+        "--groups torch_root,torch_ops --source torch",
+    )
+    p.add_argument("task", help="task file (.py defining Model, get_inputs, get_init_inputs)")
+    p.add_argument("--groups", default=None,
+                   help="comma-separated metric groups (default: the source's root group)")
+    p.add_argument("--config", default=None,
+                   help="a fixed configuration instead: algorithm|memory|latency|compute "
+                   "(torch_algorithm|... for --source torch)")
+    p.add_argument("--source", choices=("auto", "ncu", "torch"), default="auto",
+                   help="auto: ncu when it is on PATH, else torch")
+    p.add_argument("--device", default="auto",
+                   help="cpu | cuda | cuda:N | auto (cuda for ncu, else when available)")
+    p.add_argument("--size", choices=("auto", "full", "small"), default="auto",
+                   help="task size (AUTOPROFILER_TASK_SIZE); auto: full on CUDA, small on CPU")
+    p.add_argument("--cache", default=None, help="ProfileCache directory (Parquet); none by default")
+    p.add_argument("--ncu", default="ncu", help="ncu executable (default: ncu on PATH)")
+    p.add_argument("--timeout", type=float, default=600.0,
+                   help="seconds for the profiled process (default 600)")
+    p.add_argument("--top-kernels", type=int, default=5, help="kernels (operators) listed by time")
+    p.add_argument("--json", action="store_true", help="print the Profile as JSON")
     p.set_defaults(func=_cmd_profile)
 
 
+def _profile_table(profile, groups, top_kernels: int) -> str:
+    """Rows of (group, metric, unit, value), then the top kernels and the cost."""
+    from autoprofiler.profiling import GROUPS
+    from autoprofiler.profiling.profile import TORCH_DURATION, format_value
+
+    rows = [("group", "metric", "unit", "value")]
+    for group in groups:
+        for metric in GROUPS[group].metrics:
+            value = format_value(profile.metrics.get(metric))
+            rows.append((group, metric, profile.units.get(metric, ""), value))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    lines = [f"{r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}" for r in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths) + "  -----")
+    duration, to_us = (TORCH_DURATION, 1.0) if profile.source == "torch" else ("gpu__time_duration.sum", 1e-3)
+    kernels = sorted(profile.kernels, key=lambda k: -(k.get(duration) or 0.0))[:top_kernels]
+    if kernels:
+        lines.append("")
+        lines.append("top " + ("operators" if profile.source == "torch" else "kernels") + " by time (us):")
+        for k in kernels:
+            took = format_value((k.get(duration) or 0.0) * to_us)
+            lines.append(f"  {took:>10}  {str(k.get('name'))[:100]}")
+    return "\n".join(lines)
+
+
 def _cmd_profile(args) -> int:
-    raise NotImplementedError
+    import json
+    import shutil
+
+    from autoprofiler.profiling import (
+        CONFIGURATIONS,
+        CountersNotPermitted,
+        NcuNotFound,
+        ProfileCache,
+        Profiler,
+        ProfilerError,
+        resolve_groups,
+    )
+
+    try:
+        task = _load_eval_task(args.task)
+    except Exception as exc:  # TaskLoadError, OSError: bad input either way
+        print(f"error: task {args.task!r} does not load: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    source = args.source
+    if source == "auto":
+        source = "ncu" if shutil.which(args.ncu) else "torch"
+    device = args.device
+    if device == "auto":
+        if source == "ncu":
+            device = "cuda"
+        else:
+            import torch
+
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+    size = args.size if args.size != "auto" else ("small" if device == "cpu" else "full")
+    root = "root" if source == "ncu" else "torch_root"
+    try:
+        if args.config is not None:
+            if args.config not in CONFIGURATIONS:
+                expected = sorted(CONFIGURATIONS)
+                raise KeyError(f"unknown configuration {args.config!r}: expected one of {expected}")
+            groups = resolve_groups(CONFIGURATIONS[args.config], source=source)
+        else:
+            groups = resolve_groups(args.groups or root, source=source)
+        profiler = Profiler(
+            source=source,
+            device=device,
+            cache=ProfileCache(args.cache) if args.cache else None,
+            task_size=size,
+            timeout_s=args.timeout,
+            ncu_path=args.ncu,
+        )
+    except (KeyError, ValueError) as exc:
+        print(f"error: {exc.args[0] if exc.args else exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    try:
+        profile = profiler.collect(task, groups)
+    except (NcuNotFound, CountersNotPermitted) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
+    except ProfilerError as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.json:
+        print(json.dumps({"task": task.id, **profile.restrict(groups).to_dict()}, indent=2))
+        return EXIT_OK
+    print(f"{task.id} [{task.hash}] {source} on {profile.device or device} ({size})")
+    print(_profile_table(profile, groups, args.top_kernels))
+    print(f"cost: {profile.passes} replay passes, {profile.seconds:.1f} s")
+    return EXIT_OK
 
 
 # --- route / optimize --------------------------------------------------------------------------------
+_SEED_TREES = {"ncu": "seed.json", "torch": "seed_torch.json"}  # under trees/ at the repository root
+
+
+class _Stop(Exception):
+    """A route/optimize problem that ends the command with ``code`` after printing ``message``."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def _add_tree_options(p) -> None:
+    p.add_argument(
+        "--tree",
+        default=None,
+        help="profiling tree JSON (default: trees/seed_torch.json, or trees/seed.json with --source ncu)",
+    )
+    p.add_argument(
+        "--source",
+        choices=("ncu", "torch"),
+        default=None,
+        help="profile source (default: the tree's; torch when no --tree is given)",
+    )
+    p.add_argument("--device", default="auto", help="cpu | cuda | cuda:N | auto (cuda when available)")
+    p.add_argument(
+        "--size",
+        choices=("auto", "full", "small"),
+        default="auto",
+        help="task size (AUTOPROFILER_TASK_SIZE); auto: full on CUDA, small on CPU",
+    )
+    p.add_argument("--cache", default=None, help="profile cache folder (Parquet); default: no cache")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
 def _add_route(sub) -> None:
-    p = sub.add_parser("route", help="route a task through a profiling tree")
+    p = sub.add_parser(
+        "route",
+        help="route a task through a profiling tree",
+        description="Route TASK through a profiling tree, collecting only what each node needs, and print "
+        "the path (feature, value, threshold, direction), the leaf and what was collected. "
+        "Example: autoprofiler route datasets/suite/l1/relu.py --tree trees/seed_torch.json",
+    )
+    p.add_argument("task", help="task file (or a folder / table of tasks: each is routed)")
+    _add_tree_options(p)
     p.set_defaults(func=_cmd_route)
 
 
+def _resolve_tree_setup(args) -> dict:
+    """Load the tree (validated against the catalog) and resolve source, device and size."""
+    from pathlib import Path
+
+    from autoprofiler.profiling.groups import GROUPS
+    from autoprofiler.tree import TreeError, load_tree
+
+    source = args.source
+    if args.tree is None:
+        source = source or "torch"
+        path = Path(__file__).resolve().parent.parent / "trees" / _SEED_TREES[source]
+    else:
+        path = Path(args.tree)
+    try:
+        tree = load_tree(path, catalog=GROUPS)
+    except (TreeError, OSError) as exc:
+        raise _Stop(EXIT_BAD_INPUT, f"tree {str(path)!r} does not load: {exc}") from None
+    source = source or tree.source
+    if tree.source != source:
+        raise _Stop(
+            EXIT_BAD_INPUT, f"--tree {path} routes on {tree.source!r} features but --source is {source!r}"
+        )
+    device = args.device
+    if device == "auto" or device.startswith("cuda"):
+        import torch
+
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        elif not torch.cuda.is_available():
+            raise _Stop(EXIT_ENVIRONMENT, f"--device {device} but torch sees no CUDA device")
+    if source == "ncu" and not device.startswith("cuda"):
+        raise _Stop(EXIT_ENVIRONMENT, f"the ncu source needs a CUDA device, got --device {device}")
+    size = args.size if args.size != "auto" else ("small" if device == "cpu" else "full")
+    return {"tree": tree, "tree_path": str(path), "source": source, "device": device, "size": size}
+
+
+def _load_cli_tasks(spec: str) -> list:
+    from autoprofiler.tasks import TaskLoadError, load_tasks
+
+    try:
+        report = load_tasks(spec)
+    except TaskLoadError as exc:
+        raise _Stop(EXIT_BAD_INPUT, f"tasks {spec!r} do not load: {exc}") from None
+    for error in report.errors:
+        print(f"warning: skipped {error}", file=sys.stderr)
+    if not report.tasks:
+        raise _Stop(EXIT_BAD_INPUT, f"no task loaded from {spec!r}")
+    return list(report.tasks)
+
+
+def _make_profiler(setup: dict, cache: str | None):
+    from autoprofiler.profiling import Profiler
+
+    kwargs = {"source": setup["source"], "device": setup["device"], "task_size": setup["size"]}
+    if cache:
+        from autoprofiler.profiling.cache import ProfileCache
+
+        kwargs["cache"] = ProfileCache(cache)
+    return Profiler(**kwargs)
+
+
+def _environment_errors() -> tuple[type, ...]:
+    """Profiler errors that stop the whole command (no ncu, no counter permission): exit 3."""
+    from autoprofiler import profiling
+
+    return tuple(
+        getattr(profiling, n) for n in ("NcuNotFound", "CountersNotPermitted") if hasattr(profiling, n)
+    )
+
+
+def _format_route(task, route, setup: dict) -> str:
+    lines = [
+        f"task   {task.id} [{task.hash}]",
+        f"tree   {setup['tree_path']} ({setup['source']}, {setup['device']}, size {setup['size']})",
+    ]
+    for step in route.path:
+        sign = "<=" if step.went == "left" else "> "
+        lines.append(
+            f"  {step.node:<10} {step.feature} = {step.value:.4g} {sign} {step.threshold:g} -> {step.went}"
+        )
+    lines.append(f"leaf   {route.leaf}: {', '.join(route.leaf_groups) or '(none)'}")
+    lines.append(
+        f"cost   collected {', '.join(route.groups) or 'nothing'}: "
+        f"{route.passes} passes, {route.seconds:.2f} s"
+    )
+    return "\n".join(lines)
+
+
 def _cmd_route(args) -> int:
-    raise NotImplementedError
+    import json
+
+    from autoprofiler.tree import RouteError
+
+    try:
+        setup = _resolve_tree_setup(args)
+        tasks = _load_cli_tasks(args.task)
+        profiler = _make_profiler(setup, args.cache)
+        code = EXIT_OK
+        for task, route in zip(tasks, setup["tree"].route_many(tasks, profiler), strict=True):
+            if isinstance(route, _environment_errors()):
+                raise _Stop(EXIT_ENVIRONMENT, str(route))
+            if isinstance(route, Exception):
+                print(f"error: {task.id}: {route}", file=sys.stderr)
+                code = EXIT_BAD_INPUT if isinstance(route, RouteError) else EXIT_ENVIRONMENT
+                continue
+            if args.json:
+                steps = [s._asdict() for s in route.path]
+                print(
+                    json.dumps(
+                        {
+                            "task": task.id,
+                            "task_hash": task.hash,
+                            "leaf": route.leaf,
+                            "path": steps,
+                            "leaf_groups": list(route.leaf_groups),
+                            "collected": list(route.groups),
+                            "passes": route.passes,
+                            "seconds": route.seconds,
+                        }
+                    )
+                )
+            else:
+                print(_format_route(task, route, setup))
+        return code
+    except _Stop as stop:
+        print(f"error: {stop}", file=sys.stderr)
+        return stop.code
 
 
 def _add_optimize(sub) -> None:
-    p = sub.add_parser("optimize", help="profile by a tree, rewrite once, evaluate")
+    p = sub.add_parser(
+        "optimize",
+        help="profile by a tree, rewrite once, evaluate",
+        description="For TASK (a task file, or a folder/table of tasks): route through the tree, restrict "
+        "the profile to the leaf's groups, rewrite once (rule-based or an OpenAI-compatible LLM), evaluate "
+        "the candidate, print one line per task and a summary. Exit 0 (a single task: when correct), 1 a "
+        "single task's candidate is not correct, 2 bad input, 3 environment. "
+        "Example: autoprofiler optimize datasets/suite --rewriter rule --out bench/results/optimize.md",
+    )
+    p.add_argument("task", help="task file, or a folder (suite) / table of tasks")
+    _add_tree_options(p)
+    p.add_argument("--rewriter", choices=("rule", "openai"), default="rule", help="rewriter (default: rule)")
+    p.add_argument("--model", default=None, help="openai: model (default: AUTOPROFILER_LLM_MODEL)")
+    p.add_argument("--base-url", default=None, help="openai: endpoint (default: AUTOPROFILER_LLM_BASE_URL)")
+    p.add_argument("--target", choices=("cuda", "triton"), default="cuda", help="openai: what the LLM writes")
+    p.add_argument("--trials", type=int, default=None, help="timing trials (default: the evaluator's)")
+    p.add_argument("--timeout", type=float, default=None, help="seconds per evaluation (default 300)")
+    p.add_argument(
+        "--out",
+        action="append",
+        default=[],
+        help="save the per-task table to a .md or .json file (repeatable)",
+    )
     p.set_defaults(func=_cmd_optimize)
 
 
+def _make_rewriter(args):
+    if args.rewriter == "rule":
+        from autoprofiler.rewriters.rule import RuleRewriter
+
+        return RuleRewriter()
+    from autoprofiler.rewriters.llm import LLMRewriter
+
+    try:
+        return LLMRewriter(base_url=args.base_url, model=args.model, target=args.target)
+    except Exception as exc:  # missing model/key, openai not installed: the environment cannot run it
+        raise _Stop(EXIT_ENVIRONMENT, f"cannot set up the openai rewriter: {exc}") from None
+
+
+def _optimize_one(task, selection, rewriter, evaluator) -> dict:
+    """One task's selection (or its profiling failure) -> restrict -> rewrite -> evaluate, as a row."""
+    from autoprofiler.rewards import effective_speedup, reward
+
+    row = {
+        "task": task.id,
+        "task_hash": task.hash,
+        "leaf": None,
+        "groups": "",
+        "passes": 0,
+        "profile_s": 0.0,
+        "action": "",
+        "compiled": False,
+        "correct": False,
+        "error_kind": None,
+        "error": "",
+        "ref_ms": None,
+        "new_ms": None,
+        "speedup": None,
+        "reward": 0.0,
+        "effective_speedup": 1.0,
+        "llm_calls": 0,
+        "prompt_tokens": 0,
+        "completion_tokens": 0,
+        "eval_s": 0.0,
+    }
+    if isinstance(selection, Exception):
+        row.update(error_kind="profile_error", error=f"{type(selection).__name__}: {selection}")
+        return row
+    row.update(
+        leaf=selection.leaf,
+        groups="+".join(selection.groups),
+        passes=selection.passes,
+        profile_s=round(selection.seconds, 3),
+    )
+    rewrite = rewriter.rewrite(task, selection.shown_profile())
+    row.update(
+        action=rewrite.action,
+        llm_calls=rewrite.llm_calls,
+        prompt_tokens=rewrite.prompt_tokens,
+        completion_tokens=rewrite.completion_tokens,
+    )
+    if rewrite.source is None:
+        row.update(error_kind="rewrite_error", error=rewrite.error)
+        return row
+    result = evaluator.evaluate(task, rewrite.source)
+    row.update(
+        compiled=result.compiled,
+        correct=result.correct,
+        error_kind=result.error_kind,
+        error=result.error,
+        ref_ms=result.ref_ms,
+        new_ms=result.new_ms,
+        speedup=result.speedup,
+        reward=reward(result),
+        effective_speedup=effective_speedup(result),
+        eval_s=round(result.wall_s, 3),
+    )
+    return row
+
+
+def _summarize(rows: list[dict]) -> dict:
+    import math
+
+    n = len(rows)
+    eff = [r["effective_speedup"] for r in rows]
+    fast = lambda p: sum(r["correct"] and (r["speedup"] or 0) > p for r in rows) / n
+    return {
+        "tasks": n,
+        "correct": sum(r["correct"] for r in rows),
+        "accuracy": sum(r["correct"] for r in rows) / n,
+        "geomean_effective_speedup": math.exp(sum(math.log(e) for e in eff) / n),
+        "mean_reward": sum(r["reward"] for r in rows) / n,
+        "fast_1": fast(1.0),
+        "fast_1.5": fast(1.5),
+        "mean_passes": sum(r["passes"] for r in rows) / n,
+        "mean_profile_s": sum(r["profile_s"] for r in rows) / n,
+        "llm_calls": sum(r["llm_calls"] for r in rows),
+    }
+
+
+def _format_row(row: dict) -> str:
+    if row["correct"]:
+        outcome = f"correct, speedup {row['speedup']:.3f}x" if row["speedup"] else "correct"
+    else:
+        reason = (row["error"] or "").strip().splitlines()[:1]
+        outcome = f"{row['error_kind'] or 'incorrect'}: {reason[0][:80] if reason else ''}"
+    return (
+        f"{row['task']:<40} leaf={row['leaf'] or '-':<10} groups={row['groups'] or '-'} "
+        f"passes={row['passes']} profile={row['profile_s']:.1f}s action={row['action'] or '-'}  {outcome}"
+    )
+
+
+def _format_summary(s: dict) -> str:
+    return (
+        f"{s['tasks']} tasks: correct {s['correct']}/{s['tasks']} ({s['accuracy']:.0%}), "
+        f"geomean effective speedup {s['geomean_effective_speedup']:.3f}x, fast_1 {s['fast_1']:.0%}, "
+        f"fast_1.5 {s['fast_1.5']:.0%}, mean passes {s['mean_passes']:.1f}, "
+        f"mean profile {s['mean_profile_s']:.1f} s, LLM calls {s['llm_calls']}"
+    )
+
+
+def _write_table(path: str, rows: list[dict], summary: dict, config: dict) -> None:
+    import json
+    from pathlib import Path
+
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.suffix == ".json":
+        out.write_text(json.dumps({"config": config, "summary": summary, "rows": rows}, indent=2) + "\n")
+        return
+    cols = [
+        "task",
+        "leaf",
+        "groups",
+        "passes",
+        "profile_s",
+        "action",
+        "correct",
+        "error_kind",
+        "ref_ms",
+        "new_ms",
+        "speedup",
+        "effective_speedup",
+    ]
+    cell = lambda v: "" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v).replace("|", "/"))
+    lines = [
+        "# autoprofiler optimize",
+        "",
+        "```",
+        json.dumps(config, indent=2),
+        "```",
+        "",
+        _format_summary(summary),
+        "",
+        "| " + " | ".join(cols) + " |",
+        "|" + " --- |" * len(cols),
+    ]
+    lines += ["| " + " | ".join(cell(r[c]) for c in cols) + " |" for r in rows]
+    out.write_text("\n".join(lines) + "\n")
+
+
 def _cmd_optimize(args) -> int:
-    raise NotImplementedError
+    import datetime
+    import json
+
+    from autoprofiler.evaluation import EvalConfig, Evaluator, EvaluatorError
+    from autoprofiler.policies import TreePolicy
+
+    try:
+        for out in args.out:
+            if not out.endswith((".md", ".json")):
+                raise _Stop(EXIT_BAD_INPUT, f"--out must end in .md or .json, got {out!r}")
+        setup = _resolve_tree_setup(args)
+        tasks = _load_cli_tasks(args.task)
+        profiler = _make_profiler(setup, args.cache)
+        rewriter = _make_rewriter(args)
+        policy = TreePolicy(setup["tree"])
+        overrides = {k: v for k, v in {"timing_trials": args.trials, "timeout_s": args.timeout}.items() if v}
+        try:
+            eval_config = EvalConfig(device=setup["device"], task_size=setup["size"], **overrides)
+        except ValueError as exc:
+            raise _Stop(EXIT_BAD_INPUT, str(exc)) from None
+        config = {
+            "command": "optimize",
+            "tasks": args.task,
+            "tree": setup["tree_path"],
+            "policy": policy.name,
+            "source": setup["source"],
+            "device": setup["device"],
+            "size": setup["size"],
+            "rewriter": rewriter.identity,
+            "eval": eval_config.to_dict(),
+            "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        }
+        # Profile every task first (batched: a few profiled processes per tree level), then rewrite
+        # and evaluate one task at a time.
+        selections = policy.select_many(tasks, profiler)
+        for selection in selections:
+            if isinstance(selection, _environment_errors()):
+                raise _Stop(EXIT_ENVIRONMENT, str(selection))
+        rows = []
+        try:
+            with Evaluator(eval_config, spares=1 if len(tasks) > 1 else 0) as evaluator:
+                for task, selection in zip(tasks, selections, strict=True):
+                    row = _optimize_one(task, selection, rewriter, evaluator)
+                    rows.append(row)
+                    if not args.json:
+                        print(_format_row(row), flush=True)
+        except EvaluatorError as exc:
+            raise _Stop(EXIT_ENVIRONMENT, str(exc)) from None
+    except _Stop as stop:
+        print(f"error: {stop}", file=sys.stderr)
+        return stop.code
+    summary = _summarize(rows)
+    if args.json:
+        print(
+            json.dumps(
+                rows[0] if len(rows) == 1 else {"config": config, "summary": summary, "rows": rows}, indent=2
+            )
+        )
+    elif len(rows) > 1:
+        print(_format_summary(summary))
+    for out in args.out:
+        _write_table(out, rows, summary, config)
+        if not args.json:
+            print(f"wrote {out}")
+    if len(rows) == 1:
+        return EXIT_OK if rows[0]["correct"] else EXIT_INCORRECT
+    return EXIT_OK
 
 
 # -----------------------------------------------------------------------------------------------------
