@@ -335,7 +335,10 @@ def _make_profiler(setup: dict, cache: str | None):
         from autoprofiler.profiling.cache import ProfileCache
 
         kwargs["cache"] = ProfileCache(cache)
-    return Profiler(**kwargs)
+    try:
+        return Profiler(**kwargs)
+    except ValueError as exc:  # a bad --device and the like
+        raise _Stop(EXIT_BAD_INPUT, str(exc)) from None
 
 
 def _environment_errors() -> tuple[type, ...]:
@@ -425,12 +428,31 @@ def _add_optimize(sub) -> None:
     p.add_argument("--trials", type=int, default=None, help="timing trials (default: the evaluator's)")
     p.add_argument("--timeout", type=float, default=None, help="seconds per evaluation (default 300)")
     p.add_argument(
+        "--shard",
+        default=None,
+        metavar="K/N",
+        help="only tasks whose index in the sorted list is K mod N (split a suite over calls)",
+    )
+    p.add_argument(
         "--out",
         action="append",
         default=[],
         help="save the per-task table to a .md or .json file (repeatable)",
     )
     p.set_defaults(func=_cmd_optimize)
+
+
+def _shard(tasks: list, spec: str | None) -> list:
+    """The tasks of shard ``K/N`` (every N-th task from index K), or all of them."""
+    if spec is None:
+        return tasks
+    try:
+        k, n = (int(x) for x in spec.split("/"))
+        if not 0 <= k < n:
+            raise ValueError
+    except ValueError:
+        raise _Stop(EXIT_BAD_INPUT, f"--shard must be K/N with 0 <= K < N, got {spec!r}") from None
+    return tasks[k::n]
 
 
 def _make_rewriter(args):
@@ -471,6 +493,7 @@ def _optimize_one(task, selection, rewriter, evaluator) -> dict:
         "prompt_tokens": 0,
         "completion_tokens": 0,
         "eval_s": 0.0,
+        "path": [],
     }
     if isinstance(selection, Exception):
         row.update(error_kind="profile_error", error=f"{type(selection).__name__}: {selection}")
@@ -480,6 +503,7 @@ def _optimize_one(task, selection, rewriter, evaluator) -> dict:
         groups="+".join(selection.groups),
         passes=selection.passes,
         profile_s=round(selection.seconds, 3),
+        path=[list(step) for step in selection.trace],
     )
     rewrite = rewriter.rewrite(task, selection.shown_profile())
     row.update(
@@ -600,7 +624,7 @@ def _cmd_optimize(args) -> int:
             if not out.endswith((".md", ".json")):
                 raise _Stop(EXIT_BAD_INPUT, f"--out must end in .md or .json, got {out!r}")
         setup = _resolve_tree_setup(args)
-        tasks = _load_cli_tasks(args.task)
+        tasks = _shard(_load_cli_tasks(args.task), args.shard)
         profiler = _make_profiler(setup, args.cache)
         rewriter = _make_rewriter(args)
         policy = TreePolicy(setup["tree"])
@@ -612,6 +636,7 @@ def _cmd_optimize(args) -> int:
         config = {
             "command": "optimize",
             "tasks": args.task,
+            "shard": args.shard,
             "tree": setup["tree_path"],
             "policy": policy.name,
             "source": setup["source"],

@@ -1,0 +1,330 @@
+"""Sandboxed evaluation of a candidate ``ModelNew`` against a task's reference ``Model``.
+
+Each evaluation runs in a *fresh* worker process (a candidate may monkeypatch torch, leak threads or
+corrupt the CUDA context), but workers are made ahead of time: ``spares`` workers wait with torch
+imported and (on CUDA) the context created. Workers are forked from a per-Evaluator fork server (a
+"zygote" that imported torch once and never touches CUDA), so a new worker costs milliseconds instead
+of the 2-5 s of a new interpreter; ``fork_server=False`` (or ``AUTOPROFILER_EVAL_FORK_SERVER=0``) starts
+each worker with ``Popen`` instead, and the Evaluator falls back to that by itself if a forked worker
+fails to start. After a job the worker exits and a new spare is made.
+
+A worker (``_harness.py``, launched by path so no package ``__init__`` runs in the sandbox) has a
+scrubbed environment, its own temp dir (also ``HOME``, ``TMPDIR`` and ``TORCH_EXTENSIONS_DIR``), its own
+session (the whole process group is killed on timeout and after every job), ``RLIMIT_CORE=0`` and, on
+CPU, ``RLIMIT_AS``. Limits are set by the worker itself rather than a ``preexec_fn``, which is unsafe in
+a threaded parent such as a Ray actor. The job goes in on a pipe; the result comes back as one JSON
+line on another, tagged with a random nonce (a line without it means the candidate wrote on the result
+channel: ``suspicious``). Candidate stdout/stderr go to log files whose tail ends up in error messages.
+
+Decisions (see also ``_harness.py``):
+
+- a failure to import the candidate or to construct ``ModelNew(*get_init_inputs())`` is
+  ``compile_error`` (``compiled=False``): that is the build step, where ``load_inline`` compiles;
+- a CUDA error that destroys the context (illegal memory access, launch failure, device assert) is
+  ``crashed`` like a segfault, even when torch reports it as an exception;
+- a speedup above ``suspicious_speedup`` keeps its times but becomes ``correct=False,
+  error_kind="suspicious"``: ``rewards.reward`` pays only correct results, so a result under review is
+  never paid; a person can re-check it from the times kept in the result;
+- a broken *task* (the reference fails to load or run) is not the candidate's fault: ``TaskError``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import threading
+import time
+from collections import deque
+
+from autoprofiler.evaluation.results import (
+    ERROR_KINDS,
+    EvalConfig,
+    EvalResult,
+    EvaluatorError,
+    TaskError,
+)
+from autoprofiler.evaluation.static_checks import check_source
+from autoprofiler.evaluation.workers import ForkServer, Worker
+from autoprofiler.rewards import speedup as compute_speedup
+from autoprofiler.tasks import Task
+
+log = logging.getLogger(__name__)
+
+# Fields that shape a worker when it starts; a per-call config may not change them.
+_SPAWN_FIELDS = ("device", "task_size", "memory_limit_gb")
+
+
+def identity_candidate(task_source: str) -> str:
+    """A candidate that is the reference itself (``ModelNew = Model``): for noise-floor measurements.
+
+    >>> identity_candidate("class Model: pass").endswith("ModelNew = Model\\n")
+    True
+    """
+    return task_source.rstrip("\n") + "\n\n\nModelNew = Model\n"
+
+
+def _failure(kind: str, error: str, config: EvalConfig, wall_s: float, compiled: bool = False, **extra):
+    assert kind in ERROR_KINDS, kind
+    return EvalResult(
+        compiled=compiled,
+        correct=False,
+        error_kind=kind,
+        error=error,
+        ref_ms=extra.pop("ref_ms", None),
+        new_ms=extra.pop("new_ms", None),
+        ref_iqr_ms=extra.pop("ref_iqr_ms", None),
+        new_iqr_ms=extra.pop("new_iqr_ms", None),
+        speedup=extra.pop("speedup", None),
+        device=config.device,
+        wall_s=wall_s,
+        details=extra.pop("details", {}),
+    )
+
+
+class Evaluator:
+    """Evaluates candidates in fresh sandboxed workers, keeping ``spares`` warm ones ready.
+
+    Thread-safe: several threads (e.g. a Ray actor with ``max_concurrency``) may call ``evaluate`` at
+    once; each call takes its own worker. Use as a context manager or call ``close()``.
+
+    >>> from autoprofiler.tasks import load_task_file
+    >>> task = load_task_file("datasets/suite/l1/relu.py")  # doctest: +SKIP
+    >>> with Evaluator(EvalConfig(task_size="small", timing_trials=20), spares=2) as ev:  # doctest: +SKIP
+    ...     ev.evaluate(task, identity_candidate(task.source)).correct
+    True
+    """
+
+    def __init__(
+        self,
+        config: EvalConfig | None = None,
+        spares: int = 1,
+        startup_timeout_s: float = 180.0,
+        fork_server: bool | None = None,
+    ):
+        self.config = config or EvalConfig()
+        if spares < 0:
+            raise ValueError(f"spares must be >= 0, got {spares}")
+        self.spares = spares
+        self.startup_timeout_s = startup_timeout_s
+        if fork_server is None:  # AUTOPROFILER_EVAL_FORK_SERVER=0 turns it off without code changes
+            fork_server = os.environ.get("AUTOPROFILER_EVAL_FORK_SERVER", "1") != "0"
+        self.fork_server = fork_server
+        self._server: ForkServer | None = None
+        self._pool: deque[Worker] = deque()
+        self._lock = threading.Lock()
+        self._closed = False
+        self.evaluations = 0
+        self._replenish()
+
+    # -- pool --------------------------------------------------------------------------------------
+    def _spawn(self) -> Worker:
+        """A new worker (call with ``self._lock`` held): forked by the fork server when enabled.
+
+        A dead fork server is replaced once; if a fresh one cannot take the request either, the
+        Evaluator falls back to one interpreter per worker.
+        """
+        for _attempt in range(2):
+            if not self.fork_server:
+                break
+            try:
+                if self._server is None or self._server.dead:
+                    if self._server is not None:
+                        log.warning(
+                            "evaluation fork server died (%s); starting a new one", self._server.log_tail()
+                        )
+                        self._server.close()
+                        self._server = None
+                    self._server = ForkServer(self.config)
+                return Worker(self.config, self._server)
+            except (EvaluatorError, OSError) as exc:
+                log.warning("fork server failed: %s", exc)
+                if self._server is not None:
+                    self._server.dead = True
+        if self.fork_server:
+            log.warning("falling back from the fork server to one interpreter per worker")
+            self.fork_server = False
+        return Worker(self.config)
+
+    def _replenish(self) -> None:
+        with self._lock:
+            while not self._closed and len(self._pool) < self.spares:
+                self._pool.append(self._spawn())
+
+    def _take(self) -> Worker:
+        """A warm worker; one retry with a fresh one; ``EvaluatorError`` when none starts.
+
+        When a forked worker fails to start, the Evaluator falls back to plain ``Popen`` workers for
+        good (a platform where fork-after-import misbehaves still evaluates, only slower).
+        """
+        reason = ""
+        for _attempt in range(2):
+            with self._lock:
+                if self._closed:
+                    raise EvaluatorError("the Evaluator is closed")
+                worker = self._pool.popleft() if self._pool else self._spawn()
+            reason = worker.wait_ready(self.startup_timeout_s)
+            if reason is None:
+                return worker
+            log.warning("evaluation worker failed to start: %s", reason)
+            worker.dispose()
+            if worker.server is not None and not worker.server.dead:  # a dead server is just restarted
+                log.warning("falling back from the fork server to one interpreter per worker")
+                with self._lock:
+                    self.fork_server = False
+                    stale, self._pool = list(self._pool), deque()
+                for w in stale:
+                    w.dispose()
+        raise EvaluatorError(f"no evaluation worker could start on {self.config.device}: {reason}")
+
+    def warm_up(self) -> None:
+        """Block until every spare is ready (e.g. before a timing-sensitive batch)."""
+        with self._lock:
+            workers = list(self._pool)
+        for w in workers:
+            w.wait_ready(self.startup_timeout_s)
+
+    # -- evaluation --------------------------------------------------------------------------------
+    def evaluate(self, task: Task, candidate_source: str, config: EvalConfig | None = None) -> EvalResult:
+        """Evaluate ``candidate_source`` (defining ``ModelNew``) against ``task``.
+
+        Args:
+            task: the reference.
+            candidate_source: Python source defining ``ModelNew``.
+            config: per-call override (e.g. a shorter timeout); its device, task size and memory limit
+                must equal the Evaluator's (they shape the warm workers).
+
+        Returns:
+            An ``EvalResult``; candidate faults are results, never exceptions.
+
+        Raises:
+            TaskError: the reference task failed to load or run in the worker.
+            EvaluatorError: no worker could start (environment problem).
+            ValueError: ``config`` differs from the Evaluator's in a spawn field.
+        """
+        cfg = config or self.config
+        for name in _SPAWN_FIELDS:
+            if getattr(cfg, name) != getattr(self.config, name):
+                raise ValueError(
+                    f"per-call config changes {name} from {getattr(self.config, name)!r} to "
+                    f"{getattr(cfg, name)!r}; create an Evaluator with that config instead"
+                )
+        t0 = time.monotonic()
+        static = check_source(candidate_source)
+        if static is not None:
+            kind, reason = static
+            return _failure(kind, reason, cfg, time.monotonic() - t0, details={"stage": "static check"})
+
+        worker = self._take()
+        t_job = time.monotonic()
+        job = {
+            "nonce": secrets.token_hex(16),
+            "task_source": task.source,
+            "candidate_source": candidate_source,
+            "config": cfg.to_dict(),
+        }
+        try:
+            raw, kind, reason = worker.run(job, cfg.timeout_s)
+            pid = worker.pid
+        finally:
+            worker.dispose()
+            self._replenish()
+        self.evaluations += 1
+        wall = time.monotonic() - t0
+        if raw is None:
+            if kind in ("timeout", "crashed") and worker.phase in (
+                "loading the task",
+                "running the reference",
+            ):
+                raise TaskError(f"task {task.id}: the reference {kind} during {worker.phase}: {reason}")
+            return _failure(
+                kind,
+                reason,
+                cfg,
+                wall,
+                compiled=worker.phase not in _BUILD_PHASES,
+                details={"phase": worker.phase, "pid": pid},
+            )
+        return self._result(task, raw, cfg, wall, time.monotonic() - t_job, pid)
+
+    def _result(self, task: Task, raw: dict, cfg: EvalConfig, wall: float, job_s: float, pid: int):
+        kind = raw.get("error_kind")
+        if kind == "task_error":
+            raise TaskError(f"task {task.id}: {raw.get('error')}")
+        details = dict(raw.get("details") or {})
+        details.update(job_s=round(job_s, 3), pid=pid)
+        result = EvalResult(
+            compiled=bool(raw.get("compiled")),
+            correct=bool(raw.get("correct")) and kind is None,
+            error_kind=kind if kind in ERROR_KINDS else (None if kind is None else "runtime_error"),
+            error=str(raw.get("error") or ""),
+            ref_ms=raw.get("ref_ms"),
+            new_ms=raw.get("new_ms"),
+            ref_iqr_ms=raw.get("ref_iqr_ms"),
+            new_iqr_ms=raw.get("new_iqr_ms"),
+            speedup=compute_speedup(raw.get("ref_ms"), raw.get("new_ms")),
+            device=cfg.device,
+            wall_s=wall,
+            details=details,
+        )
+        if result.correct and result.speedup is not None and result.speedup > cfg.suspicious_speedup:
+            result.correct = False
+            result.error_kind = "suspicious"
+            result.error = (
+                f"speedup {result.speedup:.1f}x is above suspicious_speedup={cfg.suspicious_speedup:g}: "
+                "correct on every check but flagged for review (not rewarded)"
+            )
+        return result
+
+    def close(self) -> None:
+        """Kill the spare workers and remove their temp dirs. Idempotent."""
+        with self._lock:
+            self._closed = True
+            workers, self._pool = list(self._pool), deque()
+            server, self._server = self._server, None
+        for w in workers:
+            w.dispose()
+        if server is not None:
+            server.close()
+
+    def __enter__(self) -> Evaluator:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # best effort; close() is the real API
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+_BUILD_PHASES = (
+    "starting",
+    "loading the task",
+    "running the reference",
+    "loading the candidate",
+    "constructing ModelNew",
+)
+
+
+def evaluate(task: Task, candidate_source: str, config: EvalConfig | None = None) -> EvalResult:
+    """One-shot convenience: a private Evaluator with no spares, one evaluation, closed.
+
+    >>> evaluate(task, identity_candidate(task.source), EvalConfig(task_size="small"))  # doctest: +SKIP
+    """
+    with Evaluator(config, spares=0, fork_server=False) as ev:  # one job: a fork server would not pay off
+        return ev.evaluate(task, candidate_source)
+
+
+__all__ = [
+    "ERROR_KINDS",
+    "EvalConfig",
+    "EvalResult",
+    "Evaluator",
+    "EvaluatorError",
+    "TaskError",
+    "evaluate",
+    "identity_candidate",
+]

@@ -1,0 +1,156 @@
+"""The evaluation contract's data: ``ERROR_KINDS``, ``EvalConfig``, ``EvalResult`` and the two errors.
+
+Plain data only (no processes): cheap to import anywhere, e.g. in replay environments and reports.
+
+>>> EvalResult.from_dict({"compiled": True, "correct": False, "error_kind": "timeout", "error": "slow",
+...     "ref_ms": None, "new_ms": None, "ref_iqr_ms": None, "new_iqr_ms": None, "speedup": None,
+...     "device": "cpu", "wall_s": 3.0}).error_kind
+'timeout'
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field, fields
+
+ERROR_KINDS = (
+    "compile_error",
+    "runtime_error",
+    "timeout",
+    "crashed",
+    "wrong_shape",
+    "wrong_output",
+    "suspicious",
+)
+
+TASK_SIZES = ("full", "small")
+_DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+class TaskError(ValueError):
+    """The reference task itself failed in the worker (not the candidate's fault)."""
+
+
+class EvaluatorError(RuntimeError):
+    """The environment is broken: a worker could not start (no torch, no CUDA device, ...)."""
+
+
+@dataclass
+class EvalConfig:
+    """How to evaluate. Fields past ``suspicious_speedup`` are additions to the architecture contract.
+
+    Attributes:
+        device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
+        task_size: exported as ``AUTOPROFILER_TASK_SIZE`` in the worker (``"full"`` or ``"small"``).
+        correctness_trials: trials with fresh inputs seeded ``seed + trial``.
+        timing_trials: timed calls of each model (interleaved ref/new pairs).
+        warmup: untimed calls of each model before timing.
+        atol, rtol: ``None`` picks by output dtype: 1e-4 for fp32/fp64, 1e-2 for fp16/bf16.
+        seed: seeds ``Model`` and ``ModelNew`` construction and the inputs.
+        timeout_s: wall-clock limit of one job in the worker (warm-up not counted).
+        memory_limit_gb: ``RLIMIT_AS`` of a CPU worker; not applied with CUDA (CUDA reserves huge
+            virtual ranges); ``None`` for no limit.
+        suspicious_speedup: a correct candidate faster than this is flagged ``suspicious``.
+        rel_norm_tol: limit on ``|out-ref|/|ref|`` (catches near-zero outputs passing ``atol``);
+            ``None``: ``10 * max(atol, rtol)``.
+        timing_input_sets: input sets rotated during timing.
+        l2_flush_mb: size of the buffer written before each timed CUDA call (0: no flush).
+        timing_lock: path of a lock file held (``flock``) only while timing, so workers sharing a GPU
+            build and check concurrently but time one at a time; ``None``: no lock.
+
+    >>> EvalConfig(device="cpu", task_size="small", timing_trials=20).timing_trials
+    20
+    """
+
+    device: str = "cpu"
+    task_size: str = "full"
+    correctness_trials: int = 5
+    timing_trials: int = 100
+    warmup: int = 10
+    atol: float | None = None
+    rtol: float | None = None
+    seed: int = 42
+    timeout_s: float = 300.0
+    memory_limit_gb: float | None = 32.0
+    suspicious_speedup: float = 10.0
+    rel_norm_tol: float | None = None
+    timing_input_sets: int = 3
+    l2_flush_mb: int = 256
+    timing_lock: str | None = None
+
+    def __post_init__(self) -> None:
+        problems = []
+        if not _DEVICE_RE.match(str(self.device)):
+            problems.append(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
+        if self.task_size not in TASK_SIZES:
+            problems.append(f"task_size must be one of {TASK_SIZES}, got {self.task_size!r}")
+        for name in ("correctness_trials", "timing_trials", "timing_input_sets"):
+            if int(getattr(self, name)) < 1:
+                problems.append(f"{name} must be >= 1, got {getattr(self, name)!r}")
+        for name in ("warmup", "l2_flush_mb"):
+            if int(getattr(self, name)) < 0:
+                problems.append(f"{name} must be >= 0, got {getattr(self, name)!r}")
+        if not self.timeout_s > 0:
+            problems.append(f"timeout_s must be > 0, got {self.timeout_s!r}")
+        if not self.suspicious_speedup > 0:
+            problems.append(f"suspicious_speedup must be > 0, got {self.suspicious_speedup!r}")
+        if problems:
+            raise ValueError("invalid EvalConfig: " + "; ".join(problems))
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> EvalConfig:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"unknown EvalConfig keys {unknown}; expected some of {sorted(known)}")
+        return cls(**d)
+
+
+@dataclass
+class EvalResult:
+    """The outcome of one evaluation. ``details`` (an addition to the contract) holds extras.
+
+    >>> r = EvalResult(compiled=True, correct=True, error_kind=None, error="", ref_ms=2.0, new_ms=1.0,
+    ...                ref_iqr_ms=0.1, new_iqr_ms=0.1, speedup=2.0, device="cpu", wall_s=1.5)
+    >>> EvalResult.from_dict(r.to_dict()) == r
+    True
+    """
+
+    compiled: bool
+    correct: bool
+    error_kind: str | None
+    error: str
+    ref_ms: float | None
+    new_ms: float | None
+    ref_iqr_ms: float | None
+    new_iqr_ms: float | None
+    speedup: float | None
+    device: str
+    wall_s: float
+    details: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> EvalResult:
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in known})
+
+    def summary(self) -> str:
+        """One readable line, e.g. ``correct  ref 1.234 ms  new 0.617 ms  speedup 2.00x``."""
+        if self.correct:
+            head = "correct"
+        else:
+            head = f"{self.error_kind}: {self.error}"
+        if self.ref_ms is not None and self.new_ms is not None:
+            head += (
+                f"  ref {self.ref_ms:.4g} ms (iqr {self.ref_iqr_ms:.2g})"
+                f"  new {self.new_ms:.4g} ms (iqr {self.new_iqr_ms:.2g})"
+            )
+            if self.speedup is not None:
+                head += f"  speedup {self.speedup:.3f}x"
+        return head + f"  [{self.device}, {self.wall_s:.1f} s]"

@@ -1,0 +1,381 @@
+"""Sandboxed worker processes: the fork server ("zygote"), one worker, and the worker environment.
+
+A worker runs ``_harness.py`` (by path: no package ``__init__`` runs inside the sandbox) in its own
+session, temp dir and scrubbed environment; the job goes in on a pipe and the result comes back as
+JSON lines on another. ``ForkServer`` imports torch once and forks fresh workers from it (milliseconds
+instead of seconds); ``Worker`` without a server starts a new interpreter with ``Popen``. The
+``Evaluator`` (``evaluator.py``) owns both; nothing here knows about tasks or results.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from autoprofiler.evaluation import _harness
+from autoprofiler.evaluation.results import EvalConfig, EvaluatorError
+
+log = logging.getLogger(__name__)
+
+HARNESS_PATH = Path(_harness.__file__).resolve()
+PACKAGE_ROOT = HARNESS_PATH.parents[2]  # the folder holding the autoprofiler package
+# Environment variables passed through to the worker unchanged when set (everything else is dropped).
+PASSTHROUGH_ENV = (
+    "LANG",
+    "LC_ALL",
+    "CUDA_VISIBLE_DEVICES",
+    "CUDA_DEVICE_ORDER",
+    "CUDA_HOME",
+    "CUDA_PATH",
+    "CUDA_ROOT",
+    "LD_LIBRARY_PATH",
+    "CC",
+    "CXX",
+    "TORCH_CUDA_ARCH_LIST",
+    "MAX_JOBS",
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+)
+# ... and every variable with one of these prefixes: CUDA/NCCL/driver configuration, not secrets (e.g. the
+# H200 image's NCCL_NVLS_ENABLE=0 must reach every process).
+PASSTHROUGH_PREFIXES = ("CUDA_", "NCCL_", "NVSHMEM_", "NVIDIA_", "TORCH_CUDA_", "TORCH_SYMM_MEM_", "PYTORCH_")
+
+
+class ForkServer:
+    """A zygote process that imported torch once and forks a fresh worker per request (``_harness``).
+
+    Forking a clean zygote costs milliseconds where starting Python and importing torch costs seconds:
+    each worker is still a fresh process (the candidate only ever touches its own fork), with its own
+    session, temp dir, environment and file descriptors. The zygote reaps its children and reports their
+    exit codes, which is how a crash's signal reaches the parent.
+    """
+
+    def __init__(self, config: EvalConfig):
+        self.tmp = Path(tempfile.mkdtemp(prefix="autoprofiler-zygote-"))
+        parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        logfile = open(self.tmp / "zygote.log", "wb")  # noqa: SIM115 - handed to the child
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-s", str(HARNESS_PATH), "--zygote-fd", str(child_sock.fileno())],
+                stdin=subprocess.DEVNULL,
+                stdout=logfile,
+                stderr=logfile,
+                pass_fds=(child_sock.fileno(),),
+                start_new_session=True,
+                env=worker_env(config, self.tmp),
+                cwd=self.tmp,
+            )
+        finally:
+            child_sock.close()
+            logfile.close()
+        self.sock = parent_sock
+        self._send_lock = threading.Lock()
+        self._cond = threading.Condition()
+        self.ready = False
+        self.dead = False
+        self.error = ""
+        self._spawned: dict[str, int] = {}
+        self._exits: dict[int, int] = {}
+        self._thread = threading.Thread(target=self._read_loop, name="autoprofiler-zygote", daemon=True)
+        self._thread.start()
+        log.debug("started evaluation fork server pid=%d", self.proc.pid)
+
+    def _read_loop(self) -> None:
+        while True:
+            try:
+                data = self.sock.recv(1 << 16)
+            except OSError:
+                data = b""
+            if not data:
+                with self._cond:
+                    self.dead = True
+                    self._cond.notify_all()
+                return
+            try:
+                msg = json.loads(data)
+            except ValueError:
+                continue
+            with self._cond:
+                if msg.get("zygote_ready"):
+                    self.ready = True
+                elif "zygote_error" in msg:
+                    self.error = str(msg["zygote_error"])
+                elif "spawned" in msg:
+                    self._spawned[msg["id"]] = int(msg["spawned"])
+                elif "exited" in msg:
+                    self._exits[int(msg["exited"])] = int(msg["code"])
+                self._cond.notify_all()
+
+    def request(self, tmp: Path, env: dict, args: list[str], job_r: int, result_w: int) -> str:
+        """Queue a fork; returns the request id (the pid follows via ``pid``). Does not block."""
+        rid = secrets.token_hex(8)
+        payload = json.dumps({"id": rid, "tmp": str(tmp), "env": env, "args": args}).encode()
+        with self._send_lock:
+            try:
+                socket.send_fds(self.sock, [payload], [job_r, result_w])
+            except OSError as exc:
+                with self._cond:
+                    self.dead = True
+                raise EvaluatorError(f"the evaluation fork server is gone: {exc}") from exc
+        return rid
+
+    def pid(self, rid: str, timeout: float) -> int | None:
+        with self._cond:
+            self._cond.wait_for(lambda: rid in self._spawned or self.dead, timeout)
+            return self._spawned.get(rid)
+
+    def exit_code(self, pid: int, timeout: float) -> int | None:
+        with self._cond:
+            self._cond.wait_for(lambda: pid in self._exits or self.dead, timeout)
+            return self._exits.get(pid)
+
+    def forget(self, rid: str, pid: int | None) -> None:
+        with self._cond:
+            self._spawned.pop(rid, None)
+            if pid is not None:
+                self._exits.pop(pid, None)
+
+    def log_tail(self, limit: int = 800) -> str:
+        try:
+            return (self.tmp / "zygote.log").read_bytes()[-limit:].decode("utf-8", "replace").strip()
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        try:  # shutdown (not only close) wakes the reader thread and gives the zygote EOF: it exits
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            self.proc.wait(timeout=10)
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+class Worker:
+    """One sandboxed worker process, from spawn to disposal (forked by a ``ForkServer`` or Popen'd)."""
+
+    def __init__(self, config: EvalConfig, server: ForkServer | None = None):
+        self.config = config
+        self.server = server
+        self.tmp = Path(tempfile.mkdtemp(prefix="autoprofiler-eval-"))
+        self.ready = False
+        self.phase = "starting"
+        self._buf = b""
+        self._pid: int | None = None
+        self._rid: str | None = None
+        self.proc: subprocess.Popen | None = None
+        result_r, result_w = os.pipe()
+        job_r, job_w = os.pipe()
+        self.read_fd, self.job_fd = result_r, job_w
+        args = ["--device", config.device, "--memory-limit-gb", str(config.memory_limit_gb or 0)]
+        env = worker_env(config, self.tmp)
+        try:
+            if server is not None:
+                self._rid = server.request(self.tmp, env, args, job_r, result_w)
+            else:
+                with open(self.tmp / "stdout.log", "wb") as out, open(self.tmp / "stderr.log", "wb") as err:
+                    self.proc = subprocess.Popen(
+                        [sys.executable, "-s", str(HARNESS_PATH), "--result-fd", str(result_w), *args],
+                        stdin=job_r,
+                        stdout=out,
+                        stderr=err,
+                        pass_fds=(result_w,),
+                        start_new_session=True,
+                        env=env,
+                        cwd=self.tmp,
+                    )
+                self._pid = self.proc.pid
+        except BaseException:
+            for fd in (result_r, job_w):
+                os.close(fd)
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            raise
+        finally:
+            os.close(result_w)
+            os.close(job_r)
+
+    @property
+    def pid(self) -> int | None:
+        if self._pid is None and self.server is not None and self._rid is not None:
+            self._pid = self.server.pid(self._rid, 30.0)
+        return self._pid
+
+    def _read_line(self, deadline: float) -> bytes | None:
+        """The next line from the result pipe; ``None`` at EOF; ``TimeoutError`` at the deadline."""
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError
+            ready, _, _ = select.select([self.read_fd], [], [], min(left, 1.0))
+            if not ready:
+                continue
+            chunk = os.read(self.read_fd, 1 << 16)
+            if not chunk:
+                return None
+            self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return line
+
+    def wait_ready(self, timeout_s: float) -> str | None:
+        """Block until the worker is warm. Returns ``None`` when ready, else why it is not."""
+        if self.ready:
+            return None
+        deadline = time.monotonic() + timeout_s
+        try:
+            line = self._read_line(deadline)
+        except TimeoutError:
+            return f"the worker did not become ready within {timeout_s:.0f} s"
+        if line is None:
+            extra = f" fork server: {self.server.error or self.server.log_tail()}" if self.server else ""
+            return f"the worker exited during start-up ({self._exit_reason()}): {self.log_tail()}{extra}"
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            return f"unexpected start-up line {line[:200]!r}"
+        if msg.get("ready"):
+            self.ready = True
+            return None
+        return f"the worker failed to start: {msg.get('startup_error', msg)}"
+
+    def run(self, job: dict, timeout_s: float) -> tuple[dict | None, str, str]:
+        """Send a job; returns ``(result | None, failure_kind, failure_message)``."""
+        nonce = job["nonce"]
+        try:
+            with os.fdopen(self.job_fd, "wb") as fh:
+                self.job_fd = -1
+                fh.write(json.dumps(job).encode())
+        except OSError:
+            pass  # it died; reading reports how
+        deadline = time.monotonic() + timeout_s
+        forged = False
+        channel = "the candidate wrote on the evaluator's result channel"
+        while True:
+            try:
+                line = self._read_line(deadline)
+            except TimeoutError:
+                tail = self.log_tail()
+                return (
+                    None,
+                    "timeout",
+                    f"no result within timeout_s={timeout_s:g} s (during {self.phase}); {tail}",
+                )
+            if line is None:
+                break
+            try:
+                msg = json.loads(line)
+            except ValueError:
+                forged = True
+                continue
+            if not isinstance(msg, dict):
+                forged = True
+            elif "phase" in msg and len(msg) == 1:
+                self.phase = str(msg["phase"])[:200]
+            elif msg.get("nonce") == nonce and isinstance(msg.get("result"), dict):
+                return (None, "suspicious", channel) if forged else (msg["result"], "", "")
+            else:
+                forged = True
+        if forged:
+            return None, "suspicious", channel
+        reason = self._exit_reason()
+        return None, "crashed", f"the worker died during {self.phase} ({reason}); {self.log_tail()}"
+
+    def exit_code(self, timeout: float) -> int | None:
+        if self.proc is not None:
+            try:
+                return self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                return None
+        pid = self.pid
+        return None if pid is None or self.server is None else self.server.exit_code(pid, timeout)
+
+    def _exit_reason(self) -> str:
+        code = self.exit_code(5.0)
+        if code is None:
+            return "exit status unknown"
+        if code < 0:
+            try:
+                return f"killed by signal {signal.Signals(-code).name}"
+            except ValueError:
+                return f"killed by signal {-code}"
+        return f"exit code {code}"
+
+    def log_tail(self, limit: int = 1500) -> str:
+        parts = []
+        for name in ("stderr.log", "stdout.log"):
+            try:
+                text = (self.tmp / name).read_bytes()[-limit:].decode("utf-8", "replace").strip()
+            except OSError:
+                text = ""
+            if text:
+                parts.append(f"[{name}] {text}")
+        text = "output tail: " + (" ".join(parts) or "(no output)")
+        return text[-limit:]
+
+    def dispose(self) -> None:
+        """Kill the whole process group, close the pipes, remove the temp dir."""
+        pid = self.pid
+        if pid is not None:
+            for kill in (os.killpg, os.kill):  # the group: the candidate may have left children behind
+                try:
+                    kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            self.exit_code(10.0)
+        if self.server is not None and self._rid is not None:
+            self.server.forget(self._rid, pid)
+        for fd in (self.read_fd, self.job_fd):
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.read_fd = self.job_fd = -1
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def worker_env(config: EvalConfig, tmp: Path) -> dict[str, str]:
+    """The scrubbed environment of a worker: only what torch, nvcc and the task need."""
+    env = {k: v for k, v in os.environ.items() if k in PASSTHROUGH_ENV or k.startswith(PASSTHROUGH_PREFIXES)}
+    bin_dir = str(Path(sys.executable).parent)  # ninja (for load_inline) lives beside the interpreter
+    path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
+    cuda_home = env.get("CUDA_HOME") or env.get("CUDA_PATH")
+    extra = [bin_dir] + ([os.path.join(cuda_home, "bin")] if cuda_home else [])
+    env.update(
+        PATH=os.pathsep.join(extra + [path]),
+        HOME=str(tmp),
+        TMPDIR=str(tmp),
+        TORCH_EXTENSIONS_DIR=str(tmp / "torch_ext"),
+        TRITON_CACHE_DIR=str(tmp / "triton"),
+        XDG_CACHE_HOME=str(tmp / "cache"),
+        PYTHONPATH=str(PACKAGE_ROOT),
+        PYTHONDONTWRITEBYTECODE="1",
+        AUTOPROFILER_TASK_SIZE=config.task_size,
+    )
+    env.setdefault("LANG", "C.UTF-8")
+    if config.device == "cpu":
+        # glibc's malloc adapts its mmap threshold and trims the heap top as a run goes, so one of two
+        # identical models can end up faulting in fresh pages for its temporaries on every call while
+        # the other reuses freed heap memory (a 4x identity "speedup" was seen on a 3 MB temporary).
+        # Fixed thresholds: blocks below 32 MB always come from the heap and are reused, none are trimmed.
+        env.setdefault("MALLOC_MMAP_THRESHOLD_", str(32 * 2**20))
+        env.setdefault("MALLOC_TRIM_THRESHOLD_", str(2**40))
+    return env

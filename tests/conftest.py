@@ -1,0 +1,54 @@
+"""Shared pytest setup: the ``gpu`` marker skip and tiny task fixtures.
+
+- Tests marked ``@pytest.mark.gpu`` are skipped where ``torch.cuda.is_available()`` is false (torch is
+  imported only when such a test was collected, so CPU-only test files stay fast to collect).
+- ``tiny_task``: a 16x32 @ 32x32 matmul with a seeded weight (``tests/fault_corpus/tasks/matmul.py``);
+  ``tiny_tasks``: every task under ``tests/fault_corpus/tasks/`` by file stem. Each runs in
+  milliseconds on a CPU.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+TESTS_DIR = Path(__file__).resolve().parent
+TINY_TASK_DIR = TESTS_DIR / "fault_corpus" / "tasks"
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
+
+def pytest_collection_modifyitems(config, items):
+    gpu_items = [item for item in items if "gpu" in item.keywords]
+    if not gpu_items or _cuda_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device (torch.cuda.is_available() is False)")
+    for item in gpu_items:
+        item.add_marker(skip)
+
+
+def load_tiny_task(name: str):
+    """The tiny test task ``tests/fault_corpus/tasks/<name>.py`` as a ``Task`` (id ``tests/<name>``)."""
+    from autoprofiler.tasks import Task
+
+    path = TINY_TASK_DIR / f"{name}.py"
+    return Task.from_source(f"tests/{name}", path.read_text(), level=1, origin=str(path))
+
+
+@pytest.fixture
+def tiny_task():
+    """A tiny matmul task (KernelBench form, ``Model(32)``, input ``randn(16, 32)``)."""
+    return load_tiny_task("matmul")
+
+
+@pytest.fixture(scope="session")
+def tiny_tasks() -> dict:
+    """Every tiny test task by file stem: ``matmul``, ``tiny_softmax``, ``slow_repeat``, ..."""
+    return {p.stem: load_tiny_task(p.stem) for p in sorted(TINY_TASK_DIR.glob("*.py"))}

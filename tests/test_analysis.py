@@ -1,0 +1,210 @@
+"""Policy evaluation, the oracle sweep, refinement and the report, on the hand-made replay fixture."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+from autoprofiler.analysis import (
+    evaluate_policies,
+    geomean,
+    oracle_analysis,
+    outcome_matrix,
+    refine,
+    split_tasks,
+    summarize,
+)
+from autoprofiler.environments import ReplayEnvironment
+from autoprofiler.policies import Blind, Static, TreePolicy
+from autoprofiler.profiling.groups import CONFIGURATIONS, GROUPS
+from autoprofiler.report import build_report, main
+from autoprofiler.rewriters.rule import RuleRewriter
+from autoprofiler.tasks import Task
+from autoprofiler.tree import load_tree, vocabulary_from_catalog
+
+FIXTURE = Path(__file__).parent / "fixtures" / "replay"
+PROBES = {k: v for k, v in CONFIGURATIONS.items() if k.startswith("torch_")}
+
+
+def _fixture_module():
+    spec = importlib.util.spec_from_file_location("make_fixture", FIXTURE / "make_fixture.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+fx = _fixture_module()
+TASKS = fx.fixture_tasks()
+HALF = len(TASKS) // 2
+
+
+@pytest.fixture(scope="module")
+def env():
+    return ReplayEnvironment.from_dir(FIXTURE, rewriter=RuleRewriter(), source="torch")
+
+
+def kind_tree():
+    """The right answer for the fixture: elementwise tasks see memory, matmul tasks see launch."""
+    names = ["torch_root", "torch_memory", "torch_launch"]
+    return load_tree(
+        {
+            "schema_version": 1,
+            "source": "torch",
+            "vocabulary": vocabulary_from_catalog(names, GROUPS),
+            "budget": {"max_depth": 2, "max_groups_per_leaf": 3, "max_passes_per_task": None},
+            "provenance": {"name": "by-kind"},
+            "nodes": [
+                {
+                    "id": "n0",
+                    "type": "split",
+                    "feature": "torch__matmul_time_share",
+                    "threshold": 0.5,
+                    "groups": ["torch_root"],
+                    "children": {"left": "elementwise", "right": "matmul"},
+                },
+                {"id": "elementwise", "type": "leaf", "groups": ["torch_root", "torch_memory"]},
+                {"id": "matmul", "type": "leaf", "groups": ["torch_root", "torch_launch"]},
+            ],
+        }
+    )
+
+
+def speed(i, action):
+    return fx.action_speedup(i, action)[1]
+
+
+def test_split_is_fixed_by_task_id():
+    """A task's side depends on its id only: adding tasks never moves an existing one."""
+    tasks = [Task.from_source(f"t/{i}", f"# {i}") for i in range(50)]
+    train, test = split_tasks(tasks, 0.3)
+    train2, test2 = split_tasks(tasks + [Task.from_source(f"u/{i}", "# u") for i in range(50)], 0.3)
+    assert {t.id for t in test} == {t.id for t in test2 if t.id.startswith("t/")}
+    assert len(train) + len(test) == 50 and 5 < len(test) < 25
+
+
+def test_summarize_follows_kernelbench_fast_p():
+    """fast_p is over all tasks: correct and speedup > p; wrong ones count as speedup 1 in the geomean."""
+    rows = [
+        {"correct": True, "speedup": 2.5, "effective_speedup": 2.5, "reward": math.log(2.5)},
+        {"correct": True, "speedup": 1.2, "effective_speedup": 1.2, "reward": math.log(1.2)},
+        {"correct": True, "speedup": 0.8, "effective_speedup": 0.8, "reward": 0.0},
+        {"correct": False, "speedup": 3.0, "effective_speedup": 1.0, "reward": 0.0},
+    ]
+    s = summarize(rows)
+    assert s["accuracy"] == 0.75 and s["fast_0"] == 0.75 and s["fast_1"] == 0.5
+    assert s["fast_1.5"] == 0.25 and s["fast_2"] == 0.25
+    assert s["geomean_speedup"] == pytest.approx(geomean([2.5, 1.2, 0.8, 1.0]))
+
+
+def test_evaluate_policies_on_the_fixture(env):
+    """Static, blind, tree and oracle policies give the hand-computed geomeans; costs are counted."""
+    policies = {
+        "blind": Blind(),
+        "static:torch_latency": Static("torch_latency"),
+        "tree": TreePolicy(kind_tree()),
+        "oracle": PROBES,
+    }
+    rows, summary = evaluate_policies(TASKS, policies, env)
+    assert len(rows) == 4 * len(TASKS)
+    blind = [speed(i, "torch_compile") for i in range(len(TASKS))]  # no profile -> default action
+    graph = [speed(i, "cuda_graph") for i in range(len(TASKS))]
+    best = [speed(i, "torch_compile") if i < HALF else speed(i, "cuda_graph") for i in range(len(TASKS))]
+    assert summary["blind"]["geomean_speedup"] == pytest.approx(geomean(blind))
+    assert summary["static:torch_latency"]["geomean_speedup"] == pytest.approx(geomean(graph))
+    assert summary["tree"]["geomean_speedup"] == pytest.approx(geomean(best))
+    assert summary["oracle"]["geomean_speedup"] == pytest.approx(geomean(best))
+    assert summary["blind"]["profile_seconds_per_task"] == 0.0
+    # the tree pays for its routing group and its leaf; the oracle for every probe's groups
+    assert 0 < summary["tree"]["profile_seconds_per_task"] < summary["oracle"]["profile_seconds_per_task"]
+    assert summary["tree"]["by_level"][1]["tasks"] == len(TASKS) and summary["tree"]["missing"] == 0
+
+
+class NamedRewriter:
+    identity = "fixture-llm"
+
+
+def test_unanswerable_cells_are_counted_not_dropped(env):
+    """For a non-rule rewriter only recorded cells answer; the rest are rows with the reason."""
+    rows, summary = evaluate_policies(
+        TASKS, {"memory": Static("torch_memory")}, env, rewriter=NamedRewriter()
+    )
+    assert summary["memory"]["missing"] == HALF and summary["memory"]["answered"] == HALF
+    assert all("fixture-llm" in r["missing"] for r in rows if r["missing"])
+
+
+def test_oracle_analysis_by_hand():
+    """Wins, ties, best static and the oracle's relative gain on a 3-task, 2-configuration matrix."""
+    eff = {"a": [2.0, 1.0, 1.0], "b": [1.0, 2.0, 1.0]}
+    matrix = [
+        {"task_id": f"t{i}", "config_name": c, "effective_speedup": v[i], "correct": True, "missing": ""}
+        for c, v in eff.items()
+        for i in range(3)
+    ]
+    oa = oracle_analysis(matrix, bootstrap=500)
+    assert oa["per_configuration"]["a"]["wins"] == 1 and oa["per_configuration"]["b"]["wins"] == 1
+    assert oa["ties"] == 1 and oa["best_static"] == "a"
+    assert oa["oracle_geomean"] == pytest.approx(4 ** (1 / 3))
+    assert oa["relative_gain"] == pytest.approx(2 ** (1 / 3))
+    lo, hi = oa["relative_gain_ci"]
+    assert 1.0 <= lo <= hi <= 2.0
+
+
+def test_oracle_sweep_on_the_fixture(env):
+    """The fixture's sweep: latency wins the matmul half, the oracle beats every fixed configuration."""
+    oa = oracle_analysis(outcome_matrix(TASKS, PROBES, env))
+    assert oa["tasks"] == len(TASKS) and oa["skipped"] == []
+    assert oa["per_configuration"]["torch_latency"]["wins"] == HALF
+    assert oa["oracle_geomean"] > max(c["geomean_speedup"] for c in oa["per_configuration"].values())
+    assert oa["relative_gain_ci"][0] > 1.0
+
+
+def test_refinement_stops_where_the_recording_ends(env):
+    """Round 0 answers from the table; round 1 was never recorded: the curve stops with the reason."""
+    rows = refine(TASKS[:2], TreePolicy(kind_tree()), env, rounds=3)
+    assert [r["round"] for r in rows] == [0, 1, 0, 1]
+    assert rows[0]["cumulative_speedup"] == pytest.approx(speed(0, "torch_compile"))
+    assert "round 1" in rows[1]["missing"] and rows[1]["cumulative_speedup"] == rows[0]["cumulative_speedup"]
+
+
+def test_report_from_the_tables(tmp_path):
+    """The report CLI writes Markdown and PNGs from the reward table alone; a bad folder exits 2."""
+    assert main([str(FIXTURE), "--out", str(tmp_path / "r"), "--tree", "trees/seed_torch.json"]) == 0
+    text = (tmp_path / "r" / "report.md").read_text()
+    for heading in ("## Recorded data", "## Rule actions", "## Oracle sweep (rule-v1)", "## Tree"):
+        assert heading in text
+    assert "```mermaid" in text and "relative gain" in text
+    pngs = {p.name for p in (tmp_path / "r").glob("*.png")}
+    assert {"oracle_wins_rule_v1.png", "static_speedup_rule_v1.png", "tree.png"} <= pngs
+    assert main([str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 2
+
+
+def test_report_with_a_training_run(tmp_path, env):
+    """With a run folder the report adds the policy table, the learning log and the refinement curve."""
+    import json
+
+    from autoprofiler.learning import LearnConfig, Learner, StatisticalProposer
+
+    run = tmp_path / "run"
+    learner = Learner(
+        env,
+        TASKS,
+        StatisticalProposer(),
+        LearnConfig(),
+        out_dir=run,
+        catalog=GROUPS,
+        probe_configurations=PROBES,
+        groups=list(fx.RECORDED_GROUPS),
+    )
+    tree = learner.fit(kind_tree())
+    rows, summary = evaluate_policies(TASKS, {"tree": TreePolicy(tree), "oracle": PROBES}, env)
+    (run / "evaluation.json").write_text(json.dumps({"tasks": len(TASKS), "summary": summary, "rows": rows}))
+    ref = refine(TASKS[:3], TreePolicy(tree), env, rounds=2)
+    (run / "refinement.json").write_text(json.dumps({"rows": ref}))
+    path = build_report(FIXTURE, tmp_path / "out", run_dir=run)
+    text = path.read_text()
+    assert "## Policies on held-out tasks" in text and "## Learning log" in text
+    assert "## Iterative refinement" in text and (tmp_path / "out" / "refinement.png").exists()
+    assert (tmp_path / "out" / "policy_speedup.png").exists()

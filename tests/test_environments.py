@@ -1,0 +1,337 @@
+"""Environments and the reward store: keyed Parquet tables, live caching and resume, replay answers."""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from autoprofiler import rewards
+from autoprofiler.environments import (
+    ACTION_PREFIX,
+    LiveEnvironment,
+    MissingOutcome,
+    MissingProfile,
+    RecordedProfiler,
+    ReplayEnvironment,
+    record,
+    refinement_task,
+)
+from autoprofiler.evaluation import EvalResult
+from autoprofiler.profiling.groups import GROUPS
+from autoprofiler.profiling.profile import Profile
+from autoprofiler.reward_table import ProfileTable, RewardTable
+from autoprofiler.rewriters.rule import RuleRewriter
+from autoprofiler.tasks import check_source
+
+FIXTURE = Path(__file__).parent / "fixtures" / "replay"
+
+
+def _load_fixture_module():
+    spec = importlib.util.spec_from_file_location("make_fixture", FIXTURE / "make_fixture.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+fx = _load_fixture_module()
+TASKS = fx.fixture_tasks()
+ELEMENTWISE, MATMUL = TASKS[0], TASKS[-1]
+N = len(TASKS)
+
+
+@pytest.fixture(scope="module")
+def replay():
+    return ReplayEnvironment.from_dir(FIXTURE, rewriter=RuleRewriter(), source="torch")
+
+
+# --- test doubles for the live path: a profiler answering the fixture's metrics, a scripted evaluator ---
+class FixtureProfiler:
+    """Answers ``collect`` with the fixture's metrics; counts collections per (task, group)."""
+
+    source = "torch"
+
+    def __init__(self):
+        self.calls: list[tuple[str, tuple[str, ...]]] = []
+        self.index = {t.hash: i for i, t in enumerate(TASKS)}
+
+    def collect(self, task, groups):
+        groups = tuple(sorted(groups))
+        self.calls.append((task.hash, groups))
+        metrics = fx.task_metrics(self.index[task.hash])
+        names = {m for g in groups for m in GROUPS[g].metrics}
+        return Profile(
+            task.hash,
+            "torch",
+            frozenset(groups),
+            {m: metrics[m] for m in names},
+            [],
+            0,
+            0.1 * len(groups),
+            "cpu",
+        )
+
+
+class Crash(RuntimeError):
+    pass
+
+
+class ScriptedEvaluator:
+    """Returns the fixture's speedup for the action named in the candidate's header; can crash after N."""
+
+    def __init__(self, crash_after: int | None = None):
+        self.calls = 0
+        self.crash_after = crash_after
+        self.index = {t.hash: i for i, t in enumerate(TASKS)}
+
+    def evaluate(self, task, source):
+        if self.crash_after is not None and self.calls >= self.crash_after:
+            raise Crash(f"simulated crash after {self.calls} evaluations")
+        self.calls += 1
+        action = re.search(r"action '(\w+)'", source).group(1)
+        correct, s = fx.action_speedup(self.index[task.hash], action)
+        return EvalResult(
+            True, correct, None if correct else "wrong_output", "", 1.0, 1.0 / s, 0.01, 0.01, s, "cpu", 0.2
+        )
+
+
+# --- reward table ------------------------------------------------------------------------------------
+def test_reward_table_appends_in_batches_and_keeps_each_key_once(tmp_path):
+    """Rows are visible at once, written every flush_every rows, deduplicated by key across parts."""
+    table = RewardTable(tmp_path, flush_every=2)
+    keys = [rewards.outcome_key("h", f"c{i}", "r", 0, 0) for i in range(3)]
+    for k in keys:
+        assert table.append({"key": k, "task_hash": "h", "speedup": 1.0})
+    assert not table.append({"key": keys[0], "task_hash": "h", "speedup": 9.0})  # already there
+    assert len(list(tmp_path.glob("part-*.parquet"))) == 1  # 2 flushed, 1 pending
+    table.flush()
+    assert len(RewardTable(tmp_path)) == 3
+    # a second writer appending the same key (a crashed run resumed elsewhere) is deduplicated on read
+    other = RewardTable(tmp_path / "other", flush_every=1)
+    other.append({"key": keys[0], "task_hash": "h", "speedup": 9.0})
+    shutil.copy(next((tmp_path / "other").glob("part-*.parquet")), tmp_path / "part-zzzz-dup.parquet")
+    again = RewardTable(tmp_path)
+    assert len(again) == 3 and again.duplicates_seen == 1 and again.get(keys[0])["speedup"] == 1.0
+    again.dedupe()
+    assert len(list(tmp_path.glob("part-*.parquet"))) == 1 and len(RewardTable(tmp_path)) == 3
+
+
+def test_reward_table_rejects_unknown_columns(tmp_path):
+    """A row with a column outside REWARD_SCHEMA is an error naming the column."""
+    with pytest.raises(ValueError, match="not_a_column"):
+        RewardTable(tmp_path).append({"key": "k", "not_a_column": 1})
+
+
+# --- replay ------------------------------------------------------------------------------------------
+def test_replay_rule_rewriter_answers_every_configuration(replay):
+    """The rule decision is re-run on recorded metrics restricted to the configuration."""
+    root_memory = replay.outcome(ELEMENTWISE, "torch_memory+torch_root")
+    assert root_memory["action"] == "torch_compile" and root_memory["speedup"] == pytest.approx(1.30)
+    assert replay.outcome(MATMUL, "torch_memory+torch_root")["action"] == "keep"
+    # showing torch_launch makes every task look launch-bound -> cuda_graph
+    for t in (ELEMENTWISE, MATMUL):
+        assert replay.outcome(t, "torch_launch+torch_root")["action"] == "cuda_graph"
+    # a configuration never recorded as such is still answerable; blind takes the default action
+    row = replay.outcome(MATMUL, "torch_flops+torch_ops")
+    assert row["configuration"] == "torch_flops+torch_ops" and row["reward"] == 0.0
+    assert replay.outcome(MATMUL, "")["action"] == "torch_compile"
+    assert row["key"] == rewards.outcome_key(MATMUL.hash, "torch_flops+torch_ops", "rule-v1", 0, 0)
+
+
+def test_replay_costs_come_from_the_recording(replay):
+    """profile_seconds of a row is the recorded cost of its configuration's groups."""
+    row = replay.outcome(ELEMENTWISE, "torch_memory+torch_root")
+    expected = sum(0.05 * (1 + len(GROUPS[g].metrics)) for g in ("torch_root", "torch_memory"))
+    assert row["profile_seconds"] == pytest.approx(expected)
+
+
+class NamedRewriter:
+    def __init__(self, identity):
+        self.identity = identity
+
+
+def test_replay_llm_rewriter_answers_only_recorded_cells(replay):
+    """A non-rule rewriter gets recorded cells; anything else is MissingOutcome naming the cell."""
+    llm = NamedRewriter("fixture-llm")
+    assert replay.outcome(ELEMENTWISE, "torch_memory+torch_root", llm)["llm_calls"] == 1
+    with pytest.raises(MissingOutcome, match=r"fixture/fx_19.*'torch_memory\+torch_root'.*fixture-llm"):
+        replay.outcome(MATMUL, "torch_memory+torch_root", llm)
+
+
+def test_replay_rounds_beyond_the_recording_are_a_clear_error(replay):
+    """Round 1 was never recorded: the error names the action, rewriter, seed and round."""
+    with pytest.raises(MissingOutcome, match="round 1"):
+        replay.outcome(ELEMENTWISE, "torch_memory+torch_root", round=1)
+
+
+def test_recorded_profiler_missing_group_names_task_and_group(replay):
+    """A group not recorded for a task is a MissingProfile naming both."""
+    with pytest.raises(MissingProfile, match=r"fixture/fx_00.*\['speed_of_light'\]"):
+        replay.profile(ELEMENTWISE, ["torch_root", "speed_of_light"])
+
+
+def test_recorded_profiler_is_cumulative_like_the_profiler():
+    """collect() returns every group so far; cost counts only groups new to the call; reset forgets."""
+    rp = RecordedProfiler(ProfileTable(FIXTURE / "profiles"), "torch")
+    first = rp.collect(ELEMENTWISE, ["torch_root"])
+    second = rp.collect(ELEMENTWISE, ["torch_root", "torch_launch"])
+    assert first.groups == {"torch_root"} and second.groups == {"torch_root", "torch_launch"}
+    assert second.seconds == pytest.approx(0.05 * (1 + len(GROUPS["torch_launch"].metrics)))
+    assert "torch__launch_overhead_share" in second.metrics and "torch__io_bytes" not in second.metrics
+    assert rp.collect(ELEMENTWISE, ["torch_root"]).seconds == 0.0
+    rp.reset()
+    assert rp.collect(ELEMENTWISE, ["torch_root"]).seconds > 0
+
+
+# --- live --------------------------------------------------------------------------------------------
+CONFIGS = [
+    "torch_memory+torch_root",
+    "torch_launch+torch_root",
+    "torch_flops+torch_root",
+    "torch_ops+torch_root",
+]
+
+
+def _run(env, tasks):
+    for t in tasks:  # the live loop: map over (task, configuration)
+        for c in CONFIGS:
+            env.outcome(t, c)
+
+
+def test_live_caches_by_action_and_never_computes_twice(tmp_path):
+    """Configurations leading to the same action share one evaluation; a second pass computes nothing."""
+    ev, prof = ScriptedEvaluator(), FixtureProfiler()
+    env = LiveEnvironment(prof, RuleRewriter(), ev, tmp_path)
+    _run(env, TASKS[:4])
+    # elementwise tasks: memory/flops/ops -> torch_compile, launch -> cuda_graph: 2 evaluations per task
+    assert ev.calls == 8 and env.stats.action_reuse == 8
+    assert {g for _, gs in prof.calls for g in gs} == {
+        "torch_root",
+        "torch_memory",
+        "torch_launch",
+        "torch_flops",
+        "torch_ops",
+    }
+    collected = [(h, g) for h, gs in prof.calls for g in gs]
+    assert len(collected) == len(set(collected)) == 4 * 5  # each (task, group) collected exactly once
+    env.close()
+    again = LiveEnvironment(FixtureProfiler(), RuleRewriter(), ScriptedEvaluator(crash_after=0), tmp_path)
+    _run(again, TASKS[:4])  # would raise Crash if anything were evaluated
+    assert again.stats.from_table == 16
+    rows = again.rows()
+    assert len(rows) == len({r["key"] for r in rows}) == 16 + 8  # configuration rows + action rows
+    assert sum(r["configuration"].startswith(ACTION_PREFIX) for r in rows) == 8
+
+
+def test_live_crash_then_resume_produces_each_key_exactly_once(tmp_path):
+    """Killed after N evaluations (an exception), resumed: every key once, no evaluation repeated."""
+    env = LiveEnvironment(
+        FixtureProfiler(), RuleRewriter(), ScriptedEvaluator(crash_after=5), tmp_path, flush_every=2
+    )
+    with pytest.raises(Crash):
+        _run(env, TASKS)
+    # what the crashed process wrote: only flushed parts survive (no close)
+    survived = RewardTable(tmp_path / "rewards")
+    assert 0 < len(survived) < N * len(CONFIGS) + 2 * N
+    ev = ScriptedEvaluator()
+    resumed = LiveEnvironment(FixtureProfiler(), RuleRewriter(), ev, tmp_path)
+    _run(resumed, TASKS)
+    resumed.close()
+    done_actions = {r["key"] for r in survived.rows() if r["configuration"].startswith(ACTION_PREFIX)}
+    assert ev.calls == 2 * N - len(done_actions)  # N tasks x 2 distinct actions, minus those saved before
+    final = RewardTable(tmp_path / "rewards")
+    assert final.duplicates_seen == 0
+    keys = [r["key"] for r in final.rows()]
+    assert len(keys) == len(set(keys)) == N * len(CONFIGS) + 2 * N
+    expected = {rewards.outcome_key(t.hash, c, "rule-v1", 0, 0) for t in TASKS for c in CONFIGS}
+    assert expected <= set(keys)
+
+
+def test_record_then_replay_answers_the_same(tmp_path):
+    """record() profiles every group and evaluates every action; a replay then answers as the live env did."""
+    env = LiveEnvironment(FixtureProfiler(), RuleRewriter(), ScriptedEvaluator(), tmp_path)
+    groups = list(fx.RECORDED_GROUPS)
+    summary = record(TASKS[:3], env, groups, configurations={"memory": ("torch_root", "torch_memory")})
+    assert summary["failures"] == [] and summary["evaluations"] == 3 * len(RuleRewriter.actions())
+    assert summary["profile_rows"] == 3 * len(groups)
+    live_row = env.outcome(TASKS[1], "torch_launch+torch_root")
+    rep = ReplayEnvironment.from_dir(tmp_path, rewriter=RuleRewriter(), source="torch")
+    rep_row = rep.outcome(TASKS[1], "torch_launch+torch_root")
+    for k in ("key", "action", "speedup", "reward", "profile_seconds", "candidate_hash"):
+        assert rep_row[k] == live_row[k], k
+    assert rep.candidate_source(rep_row["candidate_hash"]).count("class ModelNew") == 1
+
+
+def test_refinement_task_is_a_loadable_task():
+    """The best candidate so far becomes a KernelBench task whose Model is the candidate's ModelNew."""
+    rule = RuleRewriter()
+    cand = rule.source_for(ELEMENTWISE, "torch_compile")
+    nxt = refinement_task(ELEMENTWISE, cand, 1)
+    check_source(nxt.source)
+    assert nxt.id.endswith("@r1") and "class Model(nn.Module)" in nxt.source and "ModelNew" not in nxt.source
+    bare = (
+        "import torch.nn as nn\n\nclass ModelNew(nn.Module):\n    def forward(self, x):\n        return x\n"
+    )
+    check_source(refinement_task(ELEMENTWISE, bare, 2).source)
+
+
+class BatchProfiler(FixtureProfiler):
+    """A FixtureProfiler with a batch mode whose joint cost is 1 s per task."""
+
+    def __init__(self):
+        super().__init__()
+        self.batches = []
+
+    def collect_many(self, tasks, groups):
+        self.batches.append(([t.hash for t in tasks], tuple(sorted(groups))))
+        return [
+            Profile(p.task_hash, "torch", p.groups, p.metrics, [], 0, 1.0, "cpu")
+            for p in (FixtureProfiler.collect(self, t, groups) for t in tasks)
+        ]
+
+
+def test_prefetch_batches_and_apportions_the_cost(tmp_path):
+    """prefetch profiles all tasks in one batch; each group gets an equal share of a task's joint cost."""
+    prof = BatchProfiler()
+    env = LiveEnvironment(prof, RuleRewriter(), ScriptedEvaluator(), tmp_path)
+    groups = list(fx.RECORDED_GROUPS)
+    assert env.prefetch(TASKS[:5], groups) == []
+    assert len(prof.batches) == 1 and prof.calls == [(t.hash, tuple(sorted(groups))) for t in TASKS[:5]]
+    assert env.group_cost(TASKS[0], groups)[1] == pytest.approx(1.0)
+    assert env.group_cost(TASKS[0], ["torch_root"])[1] == pytest.approx(1.0 / len(groups))
+    assert env.prefetch(TASKS[:5], groups) == [] and len(prof.batches) == 1  # nothing left to collect
+    env.outcome(TASKS[0], "torch_launch+torch_root")
+    assert len(prof.calls) == 5  # the outcome's profile came from the table
+
+
+@pytest.mark.gpu
+def test_live_ncu_record_then_replay_on_the_gpu(tmp_path):
+    """H200: record one suite task with ncu (root + the memory configuration's groups, every rule action),
+    then replay it: the replayed memory-configuration row equals the live one."""
+    from autoprofiler.evaluation import EvalConfig, Evaluator
+    from autoprofiler.profiling import CONFIGURATIONS, Profiler
+    from autoprofiler.tasks import load_task_file
+
+    task = load_task_file(
+        Path(__file__).resolve().parents[1] / "datasets" / "suite" / "l2" / "linear_gelu.py"
+    )
+    groups = ["root", *CONFIGURATIONS["memory"]]
+    evaluator = Evaluator(EvalConfig(device="cuda", timing_trials=30, warmup=5, correctness_trials=3))
+    try:
+        env = LiveEnvironment(Profiler(source="ncu", device="cuda"), RuleRewriter(), evaluator, tmp_path)
+        summary = record([task], env, groups, configurations={"memory": CONFIGURATIONS["memory"]})
+    finally:
+        evaluator.close()
+    assert summary["failures"] == [] and summary["complete"], summary
+    assert summary["evaluations"] == len(RuleRewriter.actions())
+    profiles = ProfileTable(tmp_path / "profiles").rows()
+    assert {p["group"] for p in profiles} == set(groups) and all(p["passes"] > 0 for p in profiles)
+    config = rewards.configuration_name(CONFIGURATIONS["memory"])
+    live_row = RewardTable(tmp_path / "rewards").get(rewards.outcome_key(task.hash, config, "rule-v1", 0, 0))
+    rep = ReplayEnvironment.from_dir(tmp_path, rewriter=RuleRewriter(), source="ncu")
+    row = rep.outcome(task, config)
+    assert row["action"] == live_row["action"] and row["speedup"] == live_row["speedup"]
+    assert row["device"] and row["device"] != "cpu"

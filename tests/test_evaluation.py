@@ -1,0 +1,326 @@
+"""Tests of the sandboxed evaluator on CPU: the fault corpus, the sandbox, static checks, the CLI.
+
+Run: ``python -m pytest tests/test_evaluation.py -q`` (about a minute on 2 CPUs: each evaluation starts
+a fresh worker process that imports torch).
+"""
+
+from __future__ import annotations
+
+import ast
+import fcntl
+import json
+import os
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import TINY_TASK_DIR, load_tiny_task
+
+from autoprofiler import cli
+from autoprofiler.evaluation import (
+    ERROR_KINDS,
+    EvalConfig,
+    EvalResult,
+    Evaluator,
+    TaskError,
+    evaluate,
+    identity_candidate,
+)
+from autoprofiler.evaluation._harness import median_iqr
+from autoprofiler.evaluation.static_checks import check_source, find_fallback_handlers
+from autoprofiler.tasks import Task
+
+CORPUS_DIR = Path(__file__).resolve().parent / "fault_corpus"
+BASE = EvalConfig(device="cpu", task_size="small", timing_trials=20, warmup=3, timeout_s=60.0)
+SPAWN_FIELDS = ("device", "task_size", "memory_limit_gb")
+
+
+def read_case(path: Path) -> dict:
+    """The ``# key: value`` header of a corpus file: expect, task, message, config (JSON), device."""
+    header = {"config": {}, "device": "cpu"}
+    for line in path.read_text().splitlines():
+        m = re.match(r"#\s*(expect|task|config|device|message):\s*(.+)$", line)
+        if m:
+            header[m.group(1)] = json.loads(m.group(2)) if m.group(1) == "config" else m.group(2).strip()
+    return header
+
+
+CASES = {p.name: read_case(p) for p in sorted(CORPUS_DIR.glob("*.py"))}
+CPU_CASES = sorted(name for name, case in CASES.items() if case["device"] == "cpu")
+
+
+@pytest.fixture(scope="module")
+def evaluator():
+    with Evaluator(BASE, spares=2) as ev:
+        yield ev
+
+
+@pytest.fixture(scope="module")
+def matmul():
+    return load_tiny_task("matmul")
+
+
+def check_identity(ev: Evaluator, task: Task) -> EvalResult:
+    result = ev.evaluate(task, identity_candidate(task.source))
+    assert result.correct, result.summary()
+    return result
+
+
+# --- the fault corpus -------------------------------------------------------------------------------
+def test_corpus_covers_every_required_case():
+    """The corpus has at least 12 bad candidates, every error kind appears, and the README lists each file."""
+    bad = [n for n, c in CASES.items() if c["expect"] not in ("correct",)]
+    assert len(bad) >= 12
+    expected = {c["expect"] for c in CASES.values()}
+    for kind in ERROR_KINDS:
+        assert kind in expected, kind
+    readme = (CORPUS_DIR / "README.md").read_text()
+    for name in CASES:
+        assert f"`{name}`" in readme, f"{name} missing from fault_corpus/README.md"
+
+
+@pytest.mark.parametrize("name", CPU_CASES)
+def test_fault_corpus_case(name, evaluator, matmul):
+    """Each corpus candidate gets its expected kind, and the same Evaluator then still evaluates fine."""
+    case = CASES[name]
+    task = load_tiny_task(case["task"])
+    source = (CORPUS_DIR / name).read_text()
+    config = replace(BASE, **case["config"])
+    if any(k in case["config"] for k in SPAWN_FIELDS):
+        result = evaluate(task, source, config)
+    else:
+        result = evaluator.evaluate(task, source, config=config)
+    if case["expect"] == "correct":
+        assert result.correct and result.error_kind is None, result.summary()
+    else:
+        assert not result.correct
+        assert result.error_kind == case["expect"], result.summary()
+        assert case["message"] in result.error, result.error
+    if case["expect"] == "compile_error":
+        assert not result.compiled
+    if name == "suspicious_speedup.py":  # times are kept for review
+        assert result.compiled and result.speedup > 10 and result.new_ms < result.ref_ms
+    check_identity(evaluator, matmul)
+
+
+def test_suspicious_threshold_is_configurable(evaluator, matmul):
+    """A normal candidate passes at the default threshold and is flagged when the threshold is below 1x."""
+    source = (CORPUS_DIR / "good_rewrite.py").read_text()
+    low = evaluator.evaluate(matmul, source, config=replace(BASE, suspicious_speedup=0.01))
+    assert low.error_kind == "suspicious" and low.speedup is not None and not low.correct
+
+
+# --- the sandbox ------------------------------------------------------------------------------------
+SPY = """
+import json, os, subprocess, sys
+import torch
+import torch.nn as nn
+
+child = subprocess.Popen(["sleep", "600"])
+with open({out!r}, "w") as fh:
+    json.dump({{"cwd": os.getcwd(), "env": dict(os.environ), "child": child.pid,
+               "argv": sys.argv, "path": sys.path}}, fh)
+
+
+class ModelNew(nn.Module):
+    def __init__(self, n):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(n, n))
+
+    def forward(self, x):
+        return x @ self.weight
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return "State:\tZ" not in state
+
+
+def test_sandbox_environment_tempdir_and_children(evaluator, matmul, tmp_path):
+    """The worker gets a scrubbed env and its own temp dir (removed after); its children are killed."""
+    out = tmp_path / "spy.json"
+    result = evaluator.evaluate(matmul, SPY.format(out=str(out)))
+    assert result.correct, result.summary()
+    seen = json.loads(out.read_text())
+    env, cwd = seen["env"], seen["cwd"]
+    assert env["HOME"] == cwd and env["TMPDIR"] == cwd
+    assert env["TORCH_EXTENSIONS_DIR"] == os.path.join(cwd, "torch_ext")
+    assert env["AUTOPROFILER_TASK_SIZE"] == "small"
+    assert "PYTEST_CURRENT_TEST" not in env and "VIRTUAL_ENV" not in env
+    assert not Path(cwd).exists(), "the worker's temp dir must be removed"
+    assert not _alive(seen["child"]), "the candidate's child process must be killed"
+    harness_dir = str(Path(cli.__file__).parent / "evaluation")
+    assert harness_dir not in seen["path"]
+
+
+def test_timing_lock_is_held_only_while_timing(evaluator, matmul, tmp_path):
+    """With the lock held elsewhere the job times out in the timing phase; released, it completes."""
+    lock = tmp_path / "gpu.lock"
+    config = replace(BASE, timing_lock=str(lock), timeout_s=3.0)
+    with open(lock, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        blocked = evaluator.evaluate(matmul, identity_candidate(matmul.source), config=config)
+        fcntl.flock(fh, fcntl.LOCK_UN)
+    assert blocked.error_kind == "timeout" and "during timing" in blocked.error, blocked.summary()
+    ok = evaluator.evaluate(matmul, identity_candidate(matmul.source), config=config)
+    assert ok.correct, ok.summary()
+
+
+def test_identity_result_fields(evaluator, matmul):
+    """An identity candidate is correct, timed, with a speedup near 1 and a JSON-able result."""
+    result = check_identity(evaluator, matmul)
+    assert result.compiled and result.error == "" and result.device == "cpu"
+    assert result.ref_ms > 0 and result.new_ms > 0 and result.ref_iqr_ms >= 0
+    assert 0.3 < result.speedup < 3.0
+    assert result.details["timing_trials"] == 20 and result.details["correctness_trials"] == 5
+    again = EvalResult.from_dict(json.loads(json.dumps(result.to_dict())))
+    assert again == result
+
+
+def test_broken_task_raises_task_error(evaluator):
+    """A reference that fails is the task's fault: TaskError, not a candidate result."""
+    src = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x.nope()\n"
+    src += "def get_inputs():\n    return [torch.randn(3)]\ndef get_init_inputs():\n    return []\n"
+    task = Task.from_source("tests/broken", src)
+    with pytest.raises(TaskError, match="reference failed"):
+        evaluator.evaluate(task, identity_candidate(src))
+
+
+def test_per_call_config_cannot_change_spawn_fields(evaluator, matmul):
+    """Device, task size and memory limit shape the warm workers: changing them per call is an error."""
+    with pytest.raises(ValueError, match="task_size"):
+        evaluator.evaluate(matmul, identity_candidate(matmul.source), config=replace(BASE, task_size="full"))
+
+
+def test_reference_that_mutates_inputs_allows_candidate_to(evaluator):
+    """In-place references (relu_) do not make an equally in-place candidate suspicious."""
+    src = "import torch\nclass Model(torch.nn.Module):\n    def forward(self, x):\n        return x.relu_()\n"
+    src += "def get_inputs():\n    return [torch.randn(64)]\ndef get_init_inputs():\n    return []\n"
+    result = evaluator.evaluate(Task.from_source("tests/inplace", src), identity_candidate(src))
+    assert result.correct, result.summary()
+    assert result.details["ref_mutates_inputs"] is True
+
+
+# --- configs, results, statistics, static checks ----------------------------------------------------
+def test_eval_config_validation_names_the_field():
+    """Bad values are reported together, each naming the field, the expectation and the value."""
+    with pytest.raises(ValueError) as info:
+        EvalConfig(device="gpu", task_size="tiny", timing_trials=0)
+    text = str(info.value)
+    assert "device" in text and "'gpu'" in text and "task_size" in text and "timing_trials" in text
+    with pytest.raises(ValueError, match="unknown EvalConfig keys"):
+        EvalConfig.from_dict({"device": "cpu", "trials": 3})
+    assert EvalConfig.from_dict(EvalConfig(device="cuda:1").to_dict()).device == "cuda:1"
+
+
+def test_median_iqr_by_hand():
+    """Median and IQR with linear interpolation on hand-checked values."""
+    assert median_iqr([5.0, 1.0, 3.0, 2.0, 4.0]) == (3.0, 2.0)
+    assert median_iqr([1.0, 2.0]) == (1.5, 0.5)
+    assert median_iqr([]) == (None, None)
+
+
+@pytest.mark.parametrize(
+    "body, flagged",
+    [
+        ("try:\n        return k(x)\n    except Exception:\n        return g(x)", True),
+        ("try:\n        return k(x)\n    except Exception as e:\n        raise RuntimeError(str(e))", False),
+        ("try:\n        return k(x)\n    except ImportError:\n        pass", False),
+        ("try:\n        y = k(x)\n    except Exception:\n        y = None\n    return y", False),
+        ("try:\n        return k(x)\n    except Exception:\n        log.warning('x')\n        raise", True),
+    ],
+)
+def test_fallback_heuristic(body, flagged):
+    """Handlers inside functions that call something outside a raise are flagged; others are not."""
+    src = f"def forward(x):\n    {body}\n"
+    assert bool(find_fallback_handlers(ast.parse(src))) is flagged
+
+
+def test_module_level_try_is_allowed_and_static_checks():
+    """Module-level try/except is fine; syntax errors and a missing ModelNew are compile errors."""
+    assert check_source("try:\n    import foo\nexcept ImportError:\n    foo = make()\nModelNew = 1\n") is None
+    assert check_source("x = 1\n") == (
+        "compile_error",
+        "the candidate defines no ModelNew (class or assignment at module level)",
+    )
+    kind, reason = check_source("class ModelNew(:\n")
+    assert kind == "compile_error" and "SyntaxError" in reason and "line 1" in reason
+    assert check_source("from somewhere import ModelNew\n") is None
+
+
+# --- CLI --------------------------------------------------------------------------------------------
+def test_cli_eval_identity_json(capsys):
+    """`autoprofiler eval TASK identity --json` prints a JSON result and exits 0."""
+    code = cli.main(
+        ["eval", str(TINY_TASK_DIR / "matmul.py"), "identity", "--device", "cpu", "--json", "--trials", "5"]
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["correct"] is True and out["error_kind"] is None and out["speedup"] > 0
+
+
+def test_cli_eval_exit_codes(capsys, tmp_path):
+    """Wrong candidate -> 1 with a readable line; missing files -> 2."""
+    code = cli.main(
+        [
+            "eval",
+            str(TINY_TASK_DIR / "matmul.py"),
+            str(CORPUS_DIR / "wrong_shape.py"),
+            "--device",
+            "cpu",
+            "--trials",
+            "5",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 1 and "wrong_shape" in out
+    assert cli.main(["eval", str(tmp_path / "nope.py"), "identity", "--device", "cpu"]) == 2
+    assert (
+        cli.main(["eval", str(TINY_TASK_DIR / "matmul.py"), str(tmp_path / "nope.py"), "--device", "cpu"])
+        == 2
+    )
+
+
+# --- launch modes and concurrency -------------------------------------------------------------------
+def test_popen_workers_without_fork_server(matmul):
+    """With fork_server=False each worker is a new interpreter; crashes are still classified."""
+    with Evaluator(BASE, spares=1, fork_server=False) as ev:
+        crashed = ev.evaluate(matmul, (CORPUS_DIR / "segfault.py").read_text())
+        assert crashed.error_kind == "crashed" and "SIGSEGV" in crashed.error, crashed.summary()
+        check_identity(ev, matmul)
+
+
+def test_concurrent_evaluations_share_one_evaluator(evaluator, matmul):
+    """Threads may call evaluate at once (a Ray actor with max_concurrency): each gets its own worker."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    good = identity_candidate(matmul.source)
+    bad = (CORPUS_DIR / "wrong_values.py").read_text()
+    with ThreadPoolExecutor(3) as pool:
+        results = list(pool.map(lambda src: evaluator.evaluate(matmul, src), [good, bad, good]))
+    assert [r.error_kind for r in results] == [None, "wrong_output", None]
+    assert len({r.details["pid"] for r in results}) == 3
+
+
+def test_fork_server_is_restarted_when_killed(matmul):
+    """A dead fork server is replaced on the next spawn; evaluations continue."""
+    import signal
+
+    with Evaluator(BASE, spares=1, fork_server=True) as ev:
+        check_identity(ev, matmul)
+        ev.warm_up()
+        first = ev._server
+        os.kill(first.proc.pid, signal.SIGKILL)
+        first.proc.wait(timeout=10)
+        check_identity(ev, matmul)  # the spare forked before the kill still works
+        check_identity(ev, matmul)  # this one comes from a new fork server
+        assert ev._server is not first and ev.fork_server
+        # a request that reached the server just before it died is retried, not a reason to fall back
+        os.kill(ev._server.proc.pid, signal.SIGKILL)
+        check_identity(ev, matmul)
+        check_identity(ev, matmul)
+        assert ev.fork_server

@@ -1,0 +1,124 @@
+"""GPU tests of the sandboxed evaluator (marked ``gpu``: skipped where torch sees no CUDA device).
+
+Run on the H200 (writes the measured numbers to ``$AUTOPROFILER_BENCH_OUT/eval_gpu_tests.json`` when
+that variable is set):
+
+    AUTOPROFILER_BENCH_OUT=bench/results python -m pytest tests/test_evaluation_gpu.py -v -m gpu
+
+Checks: CUDA timing of identity candidates is ~1.0; a ``load_inline`` CUDA kernel builds (in the
+worker's own ``TORCH_EXTENSIONS_DIR``) and is correct; an illegal memory access is ``crashed`` (or
+``runtime_error``) and the next evaluation still succeeds; the side-stream hack is correct but not
+faster; every CPU fault-corpus case is classified the same on CUDA.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import load_tiny_task
+from test_evaluation import CASES, CORPUS_DIR
+
+from autoprofiler.evaluation import EvalConfig, Evaluator, identity_candidate
+
+pytestmark = pytest.mark.gpu
+
+GPU = EvalConfig(device="cuda", task_size="full", timing_trials=100, warmup=10, timeout_s=300.0)
+MEASURED: dict = {}
+
+
+@pytest.fixture(scope="module")
+def gpu_evaluator():
+    with Evaluator(GPU, spares=2) as ev:
+        yield ev
+    out = os.environ.get("AUTOPROFILER_BENCH_OUT")
+    if out and MEASURED:
+        import torch
+
+        MEASURED["_device"] = torch.cuda.get_device_name(0)
+        MEASURED["_torch"] = torch.__version__
+        path = Path(out) / "eval_gpu_tests.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(MEASURED, indent=2, sort_keys=True) + "\n")
+
+
+def _record(name: str, result) -> None:
+    MEASURED[name] = {
+        k: getattr(result, k)
+        for k in (
+            "correct",
+            "error_kind",
+            "ref_ms",
+            "new_ms",
+            "ref_iqr_ms",
+            "new_iqr_ms",
+            "speedup",
+            "wall_s",
+        )
+    }
+    MEASURED[name]["error"] = result.error[:300]
+
+
+def _identity_ok(ev, task_name: str = "relu_cuda"):
+    task = load_tiny_task(task_name)
+    result = ev.evaluate(task, identity_candidate(task.source))
+    assert result.correct, result.summary()
+    return result
+
+
+@pytest.mark.parametrize("task_name", ["relu_cuda", "matmul_cuda"])
+def test_cuda_identity_speedup_is_one(gpu_evaluator, task_name):
+    """CUDA-event timing of ModelNew = Model gives a speedup within 1.00 +/- 0.05."""
+    result = _identity_ok(gpu_evaluator, task_name)
+    _record(f"identity/{task_name}", result)
+    assert result.details["device_name"]
+    assert 0.95 <= result.speedup <= 1.05, result.summary()
+
+
+def test_load_inline_kernel_is_correct(gpu_evaluator):
+    """A load_inline ReLU kernel compiles in the sandbox and matches torch.relu."""
+    task = load_tiny_task("relu_cuda")
+    result = gpu_evaluator.evaluate(task, (CORPUS_DIR / "load_inline_relu.py").read_text())
+    _record("load_inline_relu", result)
+    assert result.compiled and result.correct, result.summary()
+    assert 0.3 < result.speedup < 3.0
+
+
+def test_illegal_memory_access_then_next_succeeds(gpu_evaluator):
+    """An out-of-bounds load_inline kernel is crashed/runtime_error; the same Evaluator then works."""
+    task = load_tiny_task("relu_cuda")
+    result = gpu_evaluator.evaluate(task, (CORPUS_DIR / "illegal_memory_access.py").read_text())
+    _record("illegal_memory_access", result)
+    assert result.error_kind in ("crashed", "runtime_error"), result.summary()
+    assert not result.correct
+    _record("identity_after_illegal_access", _identity_ok(gpu_evaluator))
+
+
+def test_side_stream_hack_is_not_faster(gpu_evaluator):
+    """Side-stream work is waited for (outputs) and timed (device-wide sync before the end event)."""
+    task = load_tiny_task("matmul_cuda")
+    result = gpu_evaluator.evaluate(task, (CORPUS_DIR / "side_stream.py").read_text())
+    _record("side_stream", result)
+    assert result.correct, result.summary()
+    assert result.speedup < 1.15, result.summary()
+
+
+@pytest.mark.parametrize(
+    "name",
+    sorted(n for n, c in CASES.items() if c["device"] == "cpu" and "memory_limit_gb" not in c["config"]),
+)
+def test_fault_corpus_on_cuda(gpu_evaluator, name):
+    """The CPU fault corpus classifies the same with the tensors on the GPU."""
+    case = CASES[name]
+    task = load_tiny_task(case["task"])
+    config = replace(GPU, timing_trials=20, **case["config"])
+    result = gpu_evaluator.evaluate(task, (CORPUS_DIR / name).read_text(), config=config)
+    expected = case["expect"]
+    if expected == "correct":
+        assert result.correct, result.summary()
+    else:
+        assert result.error_kind == expected, result.summary()
+    _identity_ok(gpu_evaluator, "matmul")

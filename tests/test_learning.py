@@ -1,0 +1,353 @@
+"""The learner: paired acceptance, REWRITE/SPLIT on the hand-made replay fixture, checkpoints, the null."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from autoprofiler.environments import ReplayEnvironment
+from autoprofiler.learning import (
+    Candidate,
+    LeafContext,
+    LearnConfig,
+    Learner,
+    LLMProposer,
+    StatisticalProposer,
+    paired_test,
+)
+from autoprofiler.profiling.groups import CONFIGURATIONS, GROUPS
+from autoprofiler.profiling.profile import Profile
+from autoprofiler.rewriters.rule import RuleRewriter
+from autoprofiler.tasks import Task
+from autoprofiler.tree import load_tree, vocabulary_from_catalog
+
+FIXTURE = Path(__file__).parent / "fixtures" / "replay"
+GROUP_NAMES = ["torch_root", "torch_ops", "torch_memory", "torch_flops", "torch_launch"]
+PROBES = {k: v for k, v in CONFIGURATIONS.items() if k.startswith("torch_")}
+
+
+def _fixture_module():
+    spec = importlib.util.spec_from_file_location("make_fixture", FIXTURE / "make_fixture.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+fx = _fixture_module()
+TASKS = fx.fixture_tasks()
+
+
+def lone_leaf_tree(groups=("torch_root", "torch_memory"), max_groups=3, max_depth=2):
+    return load_tree(
+        {
+            "schema_version": 1,
+            "source": "torch",
+            "vocabulary": vocabulary_from_catalog(GROUP_NAMES, GROUPS),
+            "budget": {
+                "max_depth": max_depth,
+                "max_groups_per_leaf": max_groups,
+                "max_passes_per_task": None,
+            },
+            "provenance": {"name": "lone-leaf"},
+            "nodes": [{"id": "all", "type": "leaf", "groups": list(groups)}],
+        }
+    )
+
+
+@pytest.fixture()
+def env():
+    return ReplayEnvironment.from_dir(FIXTURE, rewriter=RuleRewriter(), source="torch")
+
+
+def make_learner(env, out_dir=None, proposer=None, **config):
+    return Learner(
+        env,
+        TASKS,
+        proposer or StatisticalProposer(),
+        LearnConfig(**config),
+        out_dir=out_dir,
+        catalog=GROUPS,
+        probe_configurations=PROBES,
+        groups=GROUP_NAMES,
+    )
+
+
+# --- the paired test ---------------------------------------------------------------------------------
+@pytest.mark.parametrize("method", ["t", "bootstrap"])
+def test_paired_test_accepts_clear_gains_and_rejects_noise(method):
+    """A consistent gain passes; a zero-mean or too-small sample does not; the LCB is below the mean."""
+    gains = [0.3, 0.25, 0.4, 0.35, 0.2, 0.3, 0.28, 0.33]
+    good = paired_test(gains, method)
+    assert good.accepted and good.lcb < good.mean and good.reason.startswith("LCB")
+    assert not paired_test([0.3, -0.3, 0.2, -0.2, 0.1, -0.1], method).accepted
+    assert not paired_test(gains, method, margin=0.5).accepted
+    few = paired_test(gains[:2], method, min_tasks=3)
+    assert not few.accepted and "min_tasks" in few.reason
+
+
+def test_paired_test_all_zero_gains_is_a_rejection():
+    """Gains exactly zero (the candidate changed no decision) are never accepted at margin 0."""
+    test = paired_test([0.0] * 10)
+    assert not test.accepted and test.lcb == 0.0
+
+
+def test_paired_test_t_bound_matches_scipy():
+    """The t lower bound is mean - t_{0.95, n-1} * sd / sqrt(n)."""
+    from scipy import stats
+
+    gains = [0.1, 0.3, -0.05, 0.2, 0.15]
+    t = paired_test(gains, "t", confidence=0.95)
+    n = len(gains)
+    mean = sum(gains) / n
+    sd = math.sqrt(sum((g - mean) ** 2 for g in gains) / (n - 1))
+    assert t.lcb == pytest.approx(mean - stats.t.ppf(0.95, n - 1) * sd / math.sqrt(n))
+
+
+def _null_reward(rng: random.Random) -> float:
+    """Zero-inflated log speedups: 35% wrong or slower (0), else log of a lognormal speedup above 1."""
+    if rng.random() < 0.35:
+        return 0.0
+    return max(0.0, math.log(rng.lognormvariate(0.1, 0.3)))
+
+
+@pytest.mark.parametrize(
+    ("method", "n"), [("t", 6), ("t", 20), ("t", 60), ("bootstrap", 20), ("bootstrap", 60)]
+)
+def test_null_false_accept_rate_of_the_paired_test(method, n):
+    """Candidate and incumbent rewards from one distribution: accepts stay at or below 1 - confidence."""
+    rng = random.Random(1234 + n)
+    runs, alpha = 1500 if method == "t" else 400, 0.1
+    accepts = 0
+    for i in range(runs):
+        gains = [_null_reward(rng) - _null_reward(rng) for _ in range(n)]
+        accepts += paired_test(gains, method, confidence=1 - alpha, bootstrap_samples=400, seed=i).accepted
+    rate, se = accepts / runs, math.sqrt(alpha * (1 - alpha) / runs)
+    assert rate <= alpha + 2.5 * se, f"{method} n={n}: false-accept rate {rate:.3f} > {alpha}"
+
+
+# --- the null, through the whole learner ---------------------------------------------------------------
+class NullEnvironment:
+    """Every (task, configuration) reward is an independent draw from one distribution (the null)."""
+
+    class _Profiler:
+        def reset(self):
+            pass
+
+    def __init__(self, run: int):
+        self.run = run
+        self.profiler = self._Profiler()
+
+    def profile(self, task, groups):
+        rng = random.Random(f"{self.run}:{task.hash}")
+        names = {m for g in groups for m in GROUPS[g].metrics}
+        return Profile(task.hash, "torch", frozenset(groups), {m: rng.random() for m in names})
+
+    def outcome(self, task, configuration, rewriter=None, seed=0, round=0):
+        rng = random.Random(
+            hashlib.sha256(f"{self.run}:{task.hash}:{configuration}:{seed}".encode()).digest()
+        )
+        r = _null_reward(rng)
+        return {"reward": r, "correct": r > 0, "speedup": math.exp(r), "effective_speedup": math.exp(r)}
+
+
+def _null_runs(runs: int, **config) -> tuple[int, int]:
+    tasks = [Task.from_source(f"null/{i}", f"# null task {i}") for i in range(24)]
+    decided = accepted = 0
+    for run in range(runs):
+        learner = Learner(
+            NullEnvironment(run),
+            tasks,
+            StatisticalProposer(),
+            LearnConfig(confidence=0.9, min_tasks=3, max_decisions=6, **config),
+            catalog=GROUPS,
+            probe_configurations=PROBES,
+            groups=GROUP_NAMES,
+        )
+        learner.fit(lone_leaf_tree())
+        tested = [d for d in learner.decisions_ if d["stats"] is not None and d["stats"]["n"] >= 3]
+        decided += len(tested)
+        accepted += sum(d["accepted"] for d in tested)
+    return decided, accepted
+
+
+def test_null_false_accept_rate_of_the_learner():
+    """Null environment, whole learner loop: per-decision false accepts stay at or below the 10% level."""
+    decided, accepted = _null_runs(60)
+    rate, se = accepted / decided, math.sqrt(0.1 * 0.9 / decided)
+    assert decided >= 150
+    assert rate <= 0.1 + 2.5 * se, f"false-accept rate {rate:.3f} over {decided} decisions"
+
+
+def test_testing_on_the_proposers_tasks_inflates_false_accepts():
+    """Why selection_fraction exists: testing on the tasks the proposer ranked on accepts noise too often."""
+    d_sel, a_sel = _null_runs(40)
+    d_same, a_same = _null_runs(40, selection_fraction=0.0)
+    assert a_same / d_same > max(0.15, 2 * a_sel / d_sel)
+
+
+# --- learning on the hand-made replay fixture ----------------------------------------------------------
+def test_fixture_split_accepted_useless_rewrites_rejected(env, tmp_path):
+    """From a lone leaf: REWRITEs are rejected with logged statistics, the SPLIT by kernel kind accepted."""
+    learner = make_learner(env, tmp_path)
+    tree = learner.fit(lone_leaf_tree())
+    log = [json.loads(line) for line in (tmp_path / "proposals.jsonl").read_text().splitlines()]
+    assert log == learner.decisions_
+    first_rewrites = [d for d in log if d["leaf"] == "all" and d["operator"] == "REWRITE"]
+    assert first_rewrites and not any(d["accepted"] for d in first_rewrites)
+    launch = next(d for d in first_rewrites if d["candidate"]["add_groups"] == ["torch_launch"])
+    assert launch["stats"]["lcb"] < 0 < launch["stats"]["n"]  # helps matmul tasks, hurts elementwise ones
+    flops = next(d for d in first_rewrites if d["candidate"]["add_groups"] == ["torch_flops"])
+    assert flops["stats"]["mean"] == 0.0 and flops["stats"]["sd"] == 0.0  # changes no decision
+    split = next(d for d in log if d["operator"] == "SPLIT")
+    assert split["accepted"] and split["stats"]["lcb"] > 0 and split["stats"]["method"] == "t"
+    assert split["candidate"]["feature"] in ("torch__matmul_time_share", "torch__elementwise_time_share")
+    # the learned tree sends every elementwise task to torch_memory+root and every matmul task to launch
+    for i, t in enumerate(TASKS):
+        groups = set(tree.leaf(tree.apply(learner._metrics[t.hash])).groups)
+        assert ("torch_launch" in groups) == (i >= len(TASKS) // 2), t.id
+    assert json.loads((tmp_path / "tree.json").read_text()) == tree.to_dict()
+
+
+def test_only_tasks_on_the_changed_leaf_are_evaluated(env):
+    """Evaluations spent count only affected tasks; a naive full re-evaluation would cost more."""
+    learner = make_learner(env)
+    learner.fit(lone_leaf_tree())
+    for d in learner.decisions_:
+        if d["stats"] is not None:
+            assert d["evaluations"]["spent"] == d["affected_tasks"] <= d["evaluations"]["naive"] == len(TASKS)
+    children = [d for d in learner.decisions_ if d["leaf"] != "all" and d["stats"] is not None]
+    assert children and all(d["affected_tasks"] < len(learner.test_tasks_) for d in children)
+    ev = learner.summary()["evaluations"]
+    assert ev["spent"] < ev["naive"] and 0 < ev["saved_fraction"] < 1
+
+
+def test_budget_refusals_are_logged_without_evaluation(env):
+    """A REWRITE beyond max_groups_per_leaf is refused by the tree and logged as such."""
+    learner = make_learner(env, max_rewrite_candidates=5)
+    learner.fit(lone_leaf_tree(max_groups=2))
+    refused = [d for d in learner.decisions_ if "refused by the tree" in d["reason"]]
+    assert refused and all(d["evaluations"]["spent"] == 0 and d["stats"] is None for d in refused)
+    assert not any(d["accepted"] and d["operator"] == "REWRITE" for d in learner.decisions_)
+
+
+def test_resume_continues_from_the_last_decision(env, tmp_path):
+    """Stopped after 2 decisions and resumed, the run ends where an uninterrupted one does."""
+    full = make_learner(env, tmp_path / "full")
+    tree_full = full.fit(lone_leaf_tree())
+    part = make_learner(env, tmp_path / "part", max_decisions=2)
+    part.fit(lone_leaf_tree())
+    assert len(part.decisions_) == 2
+    resumed = make_learner(env, tmp_path / "part")
+    tree_resumed = resumed.fit(lone_leaf_tree(), resume=True)
+    assert tree_resumed.to_dict() == tree_full.to_dict()
+    strip = [{k: v for k, v in d.items() if k != "time"} for d in full.decisions_]
+    logged = [json.loads(x) for x in (tmp_path / "part" / "proposals.jsonl").read_text().splitlines()]
+    assert [{k: v for k, v in d.items() if k != "time"} for d in logged] == strip
+    assert [d["decision"] for d in logged] == list(range(len(strip)))
+
+
+# --- the LLM proposer ----------------------------------------------------------------------------------
+def _context(env):
+    learner = make_learner(env)
+    tree = lone_leaf_tree()
+    learner._prepare(tree)
+    for t in learner.tasks:
+        for groups in PROBES.values():
+            learner.reward(t, "+".join(sorted(groups)))
+        learner.reward(t, learner.configuration_of(tree, t))
+    return learner.context(tree, "all")
+
+
+def test_llm_proposer_validates_answers(env):
+    """Good JSON becomes candidates; bad JSON and unknown names become rejected proposals with reasons."""
+    ctx = _context(env)
+    assert isinstance(ctx, LeafContext) and ctx.tasks
+    p = LLMProposer(client=None)
+    good = p.parse(
+        '```json\n{"proposals": [{"operator": "SPLIT", "feature": "torch__matmul_time_share", '
+        '"threshold": 0.5, "left_groups": ["torch_root", "torch_memory"], '
+        '"right_groups": ["torch_root", "torch_launch"], "rationale": "matmul vs elementwise"}]}\n```',
+        "SPLIT",
+        ctx,
+    )
+    assert len(good) == 1 and not good[0].invalid and good[0].threshold == 0.5
+    assert "bad JSON" in p.parse("I think you should add memory", "SPLIT", ctx)[0].invalid
+    unknown = p.parse(
+        '{"proposals": [{"operator": "REWRITE", "add_groups": ["dram_magic"]}]}', "REWRITE", ctx
+    )
+    assert "unknown group" in unknown[0].invalid
+    wrong_op = p.parse('{"proposals": [{"operator": "SPLIT"}]}', "REWRITE", ctx)
+    assert "expected 'REWRITE'" in wrong_op[0].invalid
+    bad_feature = p.parse(
+        '{"proposals": [{"operator": "SPLIT", "feature": "nope", "threshold": 1, '
+        '"left_groups": [], "right_groups": []}]}',
+        "SPLIT",
+        ctx,
+    )
+    assert "not a splittable feature" in bad_feature[0].invalid
+
+
+def test_llm_proposer_through_the_chat_client(env, tmp_path):
+    """LLMProposer on a loopback server: a bad answer is logged and rejected, the good split accepted."""
+    from openai_server import OpenAIServer, ok
+
+    from autoprofiler.llm import ChatClient
+
+    split = json.dumps(
+        {
+            "proposals": [
+                {
+                    "operator": "SPLIT",
+                    "feature": "torch__matmul_time_share",
+                    "threshold": 0.5,
+                    "left_groups": ["torch_root", "torch_memory"],
+                    "right_groups": ["torch_root", "torch_launch"],
+                }
+            ]
+        }
+    )
+    with OpenAIServer() as server:
+        server.script(
+            ok("not json at all"),
+            ok(split),
+            ok('{"proposals": []}'),
+            ok('{"proposals": []}'),
+            ok('{"proposals": []}'),
+            ok('{"proposals": []}'),
+        )
+        client = ChatClient(base_url=server.base_url, model="test-model", api_key="k", cache=False)
+        learner = make_learner(env, tmp_path, proposer=LLMProposer(client))
+        learner.fit(lone_leaf_tree())
+        prompt = server.requests[0].content("user")
+    assert "torch__matmul_time_share" in prompt and "fixture/fx_" in prompt
+    first, second = learner.decisions_[0], learner.decisions_[1]
+    assert not first["accepted"] and "bad JSON" in first["reason"]
+    assert second["operator"] == "SPLIT" and second["accepted"], second["reason"]
+
+
+def test_candidate_round_trips_through_json():
+    """Checkpointed candidates come back equal."""
+    c = Candidate(
+        "SPLIT",
+        "all",
+        feature="f",
+        threshold=0.5,
+        left_groups=("a",),
+        right_groups=("b", "c"),
+        proposer="statistical",
+        score=0.1,
+    )
+    assert Candidate.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+
+
+def test_learn_config_collects_every_problem():
+    """A bad config reports all its problems at once."""
+    with pytest.raises(ValueError) as e:
+        LearnConfig(method="z", confidence=1.5, selection_fraction=1.0)
+    assert all(k in str(e.value) for k in ("method", "confidence", "selection_fraction"))

@@ -1,0 +1,143 @@
+"""workflows/train.py: the shipped config, config errors, and the real script on tiny inputs (subprocess)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPT = REPO / "workflows" / "train.py"
+FIXTURE = REPO / "tests" / "fixtures" / "replay"
+
+
+def _train_module():
+    spec = importlib.util.spec_from_file_location("train_workflow", SCRIPT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+    )
+    assert proc.returncode == 0, (
+        f"train.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    )
+    return proc
+
+
+def replay_args(out: Path) -> list[str]:
+    return [
+        "environment=replay",
+        f"tables={FIXTURE}",
+        f"tasks={FIXTURE / 'tasks'}",
+        "task_filter=[]",
+        "max_tasks=0",
+        f"out_dir={out}",
+    ]
+
+
+def test_shipped_config_loads_and_opens_with_its_command():
+    """workflows/train.yaml validates and its first line gives the command that runs it."""
+    cfg = _train_module().load_config([])
+    first = (REPO / "workflows" / "train.yaml").read_text().splitlines()[0]
+    assert first.startswith("# python workflows/train.py")
+    assert cfg["environment"] in ("live", "replay", "auto") and cfg["learn"]["confidence"] == 0.9
+
+
+def test_config_problems_are_reported_together():
+    """Unknown keys, wrong types and bad values are all named in one error."""
+    with pytest.raises(SystemExit) as e:
+        _train_module().load_config(["nope=1", "max_tasks=many", "environment=cloud", "tree.x=1"])
+    msg = str(e.value)
+    assert all(s in msg for s in ("'nope'", "max_tasks", "environment", "'tree' is not a nested section"))
+
+
+def test_overrides_are_typed_and_nested():
+    """key=value values are YAML; dotted keys set one field of a nested section."""
+    cfg = _train_module().load_config(
+        ["learn.confidence=0.8", "max_tasks=3", "probe=[torch_memory]", "--resume"]
+    )
+    assert cfg["learn"]["confidence"] == 0.8 and cfg["learn"]["method"] == "t"
+    assert cfg["max_tasks"] == 3 and cfg["probe"] == ["torch_memory"] and cfg["resume"] is True
+
+
+def test_replay_run_writes_tree_log_evaluation_and_report(tmp_path):
+    """On the replay fixture the script learns, judges on held-out tasks and writes every output."""
+    out = tmp_path / "run"
+    proc = run(*replay_args(out))
+    for name in (
+        "config.json",
+        "tree.json",
+        "proposals.jsonl",
+        "state.json",
+        "evaluation.json",
+        "oracle.json",
+        "report/report.md",
+        "report/policy_speedup.png",
+        "report/tree.png",
+    ):
+        assert (out / name).exists(), name
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["environment"] == "replay" and cfg["out_dir"] == str(out)
+    ev = json.loads((out / "evaluation.json").read_text())
+    assert {"blind", "learned_tree", "seed_tree", "oracle", "random"} <= set(ev["summary"])
+    assert "best static configuration" in ev["verdict"] and ev["verdict"] in proc.stdout
+    assert ev["summary"]["oracle"]["geomean_speedup"] >= ev["summary"]["learned_tree"]["geomean_speedup"]
+
+
+def test_resume_continues_the_log(tmp_path):
+    """A run stopped after one decision and resumed with --resume continues the same log."""
+    out = tmp_path / "run"
+    run(*replay_args(out), "tree=tests/fixtures/replay/lone_leaf.json", "learn.max_decisions=1")
+    assert len((out / "proposals.jsonl").read_text().splitlines()) == 1
+    run(*replay_args(out), "tree=tests/fixtures/replay/lone_leaf.json", "--resume")
+    log = [json.loads(x) for x in (out / "proposals.jsonl").read_text().splitlines()]
+    assert [d["decision"] for d in log] == list(range(len(log))) and len(log) > 1
+    assert any(d["accepted"] and d["operator"] == "SPLIT" for d in log)
+
+
+def test_live_cpu_run_on_three_tasks(tmp_path):
+    """The live path for real: torch.profiler, rule rewriter, sandboxed evaluator, 3 tiny suite tasks."""
+    out = tmp_path / "live"
+    run(
+        f"out_dir={out}",
+        "task_filter=[matmul_square, matvec, matmul_batched]",
+        "max_tasks=3",
+        "eval.timing_trials=5",
+        "eval.correctness_trials=1",
+        "eval.warmup=1",
+        "refinement_rounds=2",
+        timeout=300,
+    )
+    from autoprofiler.reward_table import read_rows
+
+    rows = read_rows(out / "tables" / "rewards")
+    assert rows and all(r["device"] == "cpu" and r["profile_source"] == "torch" for r in rows)
+    assert len({r["key"] for r in rows}) == len(rows)
+    profiles = read_rows(out / "tables" / "profiles")
+    assert {p["group"] for p in profiles} == {
+        "torch_root",
+        "torch_ops",
+        "torch_memory",
+        "torch_flops",
+        "torch_launch",
+    }
+    ev = json.loads((out / "evaluation.json").read_text())
+    assert ev["environment"] == "live" and ev["tasks"] >= 1
+    assert (out / "report" / "report.md").exists()
+    refinement = json.loads((out / "refinement.json").read_text())["rows"]
+    assert {r["round"] for r in refinement} == {0, 1}  # round 1 ran live on the best program so far
