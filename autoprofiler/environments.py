@@ -42,6 +42,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -768,8 +769,13 @@ def record(
     configurations: dict[str, Sequence[str]] | None = None,
     seeds: Sequence[int] = (0,),
     max_seconds: float | None = None,
+    jobs: int = 1,
 ) -> dict[str, Any]:
     """Profile every task with every group and evaluate every rule action (and fixed configurations).
+
+    ``jobs`` > 1 evaluates that many (task, action) candidates at once from threads sharing the
+    evaluator (each candidate still in its own sandboxed process); give the evaluator a
+    ``timing_lock`` then, so compilation and correctness checks overlap while timing stays exclusive.
 
     Profiles are collected one group at a time over the whole suite with the profiler's batch mode
     (``collect_many``: one process per group, and each group's own cost recorded); a batch that fails is
@@ -818,6 +824,19 @@ def record(
         env.profiles.flush()
     rewriter = env.rewriter
     actions = list(rewriter.actions()) if is_rule_rewriter(rewriter) else []
+    if jobs > 1 and actions:  # fan the (task, action) evaluations out; the loop below then finds them
+        cells = [(t, a, s) for t in tasks for s in seeds for a in actions]
+
+        def one(cell):
+            if out_of_time():
+                return
+            t, a, s = cell
+            env.action_outcome(t, a, rewriter, s, 0)
+
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            for fut in [pool.submit(one, c) for c in cells]:
+                fut.result()
+        env.rewards.flush()
     for t in tasks:  # map over (task, action): the shape a Ray fan-out takes later
         if out_of_time():
             complete = False

@@ -26,6 +26,7 @@ import datetime as _dt
 import json
 import logging
 import os
+import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -116,6 +117,7 @@ class ParquetTable:
     def __init__(self, directory: str | Path, schema: pa.Schema, flush_every: int = 8):
         if "key" not in schema.names:
             raise ValueError(f"a ParquetTable schema needs a 'key' column; got {schema.names}")
+        self._lock = threading.RLock()  # appends may come from several evaluation threads
         self.directory = Path(directory)
         self.schema = schema
         self.flush_every = max(1, int(flush_every))
@@ -158,13 +160,14 @@ class ParquetTable:
         row = _coerce(row, self.schema)
         if not row.get("key"):
             raise ValueError(f"a row needs a non-empty 'key'; got {row.get('key')!r}")
-        if row["key"] in self._rows:
-            return False
-        self._rows[row["key"]] = row
-        self._pending.append(row)
-        if len(self._pending) >= self.flush_every:
-            self.flush()
-        return True
+        with self._lock:
+            if row["key"] in self._rows:
+                return False
+            self._rows[row["key"]] = row
+            self._pending.append(row)
+            if len(self._pending) >= self.flush_every:
+                self.flush()
+            return True
 
     def extend(self, rows: Iterable[dict[str, Any]]) -> int:
         """Append many rows; returns how many were new."""
@@ -172,14 +175,15 @@ class ParquetTable:
 
     def flush(self) -> Path | None:
         """Write pending rows as one new part file; returns its path (None when nothing was pending)."""
-        if not self._pending:
-            return None
-        stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S%f")
-        path = self.directory / f"part-{stamp}-{uuid.uuid4().hex[:8]}.parquet"
-        write_rows(path, self._pending, self.schema)
-        logger.debug("wrote %d rows to %s", len(self._pending), path)
-        self._pending = []
-        return path
+        with self._lock:
+            if not self._pending:
+                return None
+            stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S%f")
+            path = self.directory / f"part-{stamp}-{uuid.uuid4().hex[:8]}.parquet"
+            write_rows(path, self._pending, self.schema)
+            logger.debug("wrote %d rows to %s", len(self._pending), path)
+            self._pending = []
+            return path
 
     def dedupe(self) -> Path | None:
         """Flush, then rewrite the directory as a single part with every key exactly once.

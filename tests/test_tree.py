@@ -516,6 +516,8 @@ def test_cli_optimize_one_task_end_to_end(profile_cache_dir, tmp_path, capsys):
     row = json.loads(capsys.readouterr().out)
     assert (row["leaf"], row["groups"], row["action"]) == ("compute", "torch_root+torch_flops", "keep")
     assert row["correct"] and code == 0 and row["speedup"] > 0 and row["llm_calls"] == 0
+    assert [step[:2] for step in row["path"]] == [["n0", "torch__elementwise_time_share"],
+                                                  ["n1", "torch__matmul_time_share"]]  # fmt: skip
     table = out.read_text()
     assert (
         "| task | leaf | groups |" in table

@@ -48,6 +48,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--eval-timeout", type=float, default=300.0)
     p.add_argument("--seeds", default="0", help="comma-separated evaluation seeds")
+    p.add_argument(
+        "--jobs", type=int, default=1, help="candidates evaluated at once (timing stays exclusive)"
+    )
     p.add_argument("--max-seconds", type=float, default=None, help="stop starting new work after this long")
     p.add_argument("--analyse-only", action="store_true", help="no recording: analyse the existing tables")
     p.add_argument("--report", default=None, help="report folder (default: <out>/report)")
@@ -93,8 +96,10 @@ def record_suite(args, tasks, out: Path) -> dict:
         correctness_trials=args.correctness_trials,
         warmup=args.warmup,
         timeout_s=args.eval_timeout,
+        # with several jobs, compile and check concurrently but time one candidate at a time
+        timing_lock=str(out / ".timing.lock") if args.jobs > 1 else None,
     )
-    evaluator = Evaluator(config)
+    evaluator = Evaluator(config, spares=max(1, args.jobs))
     provenance = {}
     try:
         env_id = profiler.environment
@@ -105,7 +110,13 @@ def record_suite(args, tasks, out: Path) -> dict:
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         summary = record(
-            tasks, env, groups, configurations_for(args.source), seeds=seeds, max_seconds=args.max_seconds
+            tasks,
+            env,
+            groups,
+            configurations_for(args.source),
+            seeds=seeds,
+            max_seconds=args.max_seconds,
+            jobs=args.jobs,
         )
     finally:
         evaluator.close()

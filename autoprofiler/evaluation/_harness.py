@@ -145,6 +145,14 @@ class _Runner:
     def sync(self) -> None:
         self.synchronize(self.device) if self.is_cuda else None
 
+    def make_inputs(self, get_inputs):
+        """``get_inputs()`` created on the device itself: at full size, drawing a GiB of random numbers
+        on the CPU and copying them over took up to 50 s per evaluation on the H200 (seen 2026-12-02)."""
+        if self.is_cuda:
+            with self.torch.device(self.device):
+                return self.move(get_inputs())
+        return self.move(get_inputs())
+
     def move(self, obj):
         if isinstance(obj, self.Tensor):
             return self.to(obj, self.device)
@@ -370,7 +378,7 @@ class _Runner:
             try:
                 for t in range(n_trials):
                     self.seed(seed + t)
-                    inputs = self.move(get_inputs())
+                    inputs = self.make_inputs(get_inputs)
                     mine = self.clone_all(inputs)
                     out = ref(*mine)
                     self.sync()
@@ -379,7 +387,7 @@ class _Runner:
                 timing_sets = []
                 for k in range(n_sets):
                     self.seed(seed + 10_000 + k)
-                    inputs = self.move(get_inputs())
+                    inputs = self.make_inputs(get_inputs)
                     out = ref(*self.clone_all(inputs))
                     self.sync()
                     timing_sets.append((inputs, self.detach_all(out)))
