@@ -185,6 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"recorded: {json.dumps({k: v for k, v in summary.items() if k != 'failures'}, default=str)}")
         for f in summary["failures"]:
             print(f"  failure: {f}")
+    if not (out / "rewards").is_dir():  # stopped (max-seconds) before the first evaluation
+        print(f"no reward rows yet under {out}: run the same command again to continue; nothing to analyse")
+        return 0 if not summary.get("complete", True) else 1
     env = ReplayEnvironment.from_dir(out, rewriter=RuleRewriter(), source=args.source)
     recorded = env.recorded_tasks()
     matrix = outcome_matrix([t for t in tasks if t.hash in recorded], configurations_for(args.source), env)
