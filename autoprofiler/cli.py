@@ -15,6 +15,31 @@ import sys
 EXIT_OK, EXIT_INCORRECT, EXIT_BAD_INPUT, EXIT_ENVIRONMENT = 0, 1, 2, 3
 
 
+class _Stop(Exception):
+    """A problem that ends the command with ``code`` after printing ``message``."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.code = code
+
+
+def _resolve_device(device: str) -> str:
+    """``auto``: cuda when torch sees a CUDA device, else cpu; a ``cuda`` device torch cannot see stops."""
+    if device == "auto" or device.startswith("cuda"):
+        import torch
+
+        if device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        if not torch.cuda.is_available():
+            raise _Stop(EXIT_ENVIRONMENT, f"--device {device} but torch sees no CUDA device")
+    return device
+
+
+def _task_size(size: str, device: str) -> str:
+    """``auto``: small on the CPU, full elsewhere."""
+    return size if size != "auto" else ("small" if device == "cpu" else "full")
+
+
 # --- eval --------------------------------------------------------------------------------------------
 def _add_eval(sub) -> None:
     p = sub.add_parser(
@@ -68,16 +93,12 @@ def _cmd_eval(args) -> int:
         except (OSError, UnicodeDecodeError) as exc:
             print(f"error: cannot read candidate {args.candidate!r}: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
-    device = args.device
-    if device == "auto" or device.startswith("cuda"):
-        import torch
-
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        elif not torch.cuda.is_available():
-            print(f"error: --device {device} but torch sees no CUDA device", file=sys.stderr)
-            return EXIT_ENVIRONMENT
-    size = args.size if args.size != "auto" else ("small" if device == "cpu" else "full")
+    try:
+        device = _resolve_device(args.device)
+    except _Stop as stop:
+        print(f"error: {stop}", file=sys.stderr)
+        return stop.code
+    size = _task_size(args.size, device)
     overrides = {
         "timing_trials": args.trials,
         "correctness_trials": args.correctness_trials,
@@ -191,7 +212,7 @@ def _cmd_profile(args) -> int:
             import torch
 
             device = "cuda" if torch.cuda.is_available() else "cpu"
-    size = args.size if args.size != "auto" else ("small" if device == "cpu" else "full")
+    size = _task_size(args.size, device)
     root = "root" if source == "ncu" else "torch_root"
     try:
         if args.config is not None:
@@ -231,14 +252,6 @@ def _cmd_profile(args) -> int:
 
 # --- route / optimize --------------------------------------------------------------------------------
 _SEED_TREES = {"ncu": "seed.json", "torch": "seed_torch.json"}  # under trees/ at the repository root
-
-
-class _Stop(Exception):
-    """A route/optimize problem that ends the command with ``code`` after printing ``message``."""
-
-    def __init__(self, code: int, message: str):
-        super().__init__(message)
-        self.code = code
 
 
 def _add_tree_options(p) -> None:
@@ -299,17 +312,10 @@ def _resolve_tree_setup(args) -> dict:
         raise _Stop(
             EXIT_BAD_INPUT, f"--tree {path} routes on {tree.source!r} features but --source is {source!r}"
         )
-    device = args.device
-    if device == "auto" or device.startswith("cuda"):
-        import torch
-
-        if device == "auto":
-            device = "cuda" if torch.cuda.is_available() else "cpu"
-        elif not torch.cuda.is_available():
-            raise _Stop(EXIT_ENVIRONMENT, f"--device {device} but torch sees no CUDA device")
+    device = _resolve_device(args.device)
     if source == "ncu" and not device.startswith("cuda"):
         raise _Stop(EXIT_ENVIRONMENT, f"the ncu source needs a CUDA device, got --device {device}")
-    size = args.size if args.size != "auto" else ("small" if device == "cpu" else "full")
+    size = _task_size(args.size, device)
     return {"tree": tree, "tree_path": str(path), "source": source, "device": device, "size": size}
 
 

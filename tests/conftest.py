@@ -5,16 +5,21 @@
 - ``tiny_task``: a 16x32 @ 32x32 matmul with a seeded weight (``tests/fault_corpus/tasks/matmul.py``);
   ``tiny_tasks``: every task under ``tests/fault_corpus/tasks/`` by file stem. Each runs in
   milliseconds on a CPU.
+- ``load_replay_fixture()``: the module ``tests/fixtures/replay/make_fixture.py`` (the replay fixture's
+  tasks and tables); ``FakeProfile``: a stand-in for ``profiling.Profile`` for tests of routing.
 """
 
 from __future__ import annotations
 
+import importlib.util
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 TESTS_DIR = Path(__file__).resolve().parent
 TINY_TASK_DIR = TESTS_DIR / "fault_corpus" / "tasks"
+REPLAY_FIXTURE = TESTS_DIR / "fixtures" / "replay"
 
 
 def _cuda_available() -> bool:
@@ -52,3 +57,38 @@ def tiny_task():
 def tiny_tasks() -> dict:
     """Every tiny test task by file stem: ``matmul``, ``tiny_softmax``, ``slow_repeat``, ..."""
     return {p.stem: load_tiny_task(p.stem) for p in sorted(TINY_TASK_DIR.glob("*.py"))}
+
+
+def load_replay_fixture():
+    """The module ``tests/fixtures/replay/make_fixture.py`` (``fixture_tasks()`` and the table writer)."""
+    spec = importlib.util.spec_from_file_location("make_fixture", REPLAY_FIXTURE / "make_fixture.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@dataclass
+class FakeProfile:
+    """Stand-in for profiling.Profile: metrics of the groups collected, with the cost of this call.
+
+    ``features`` maps each group to its metric names (what ``restrict`` keeps); it is not compared.
+    """
+
+    groups: frozenset
+    metrics: dict
+    passes: int
+    seconds: float
+    features: dict = field(default_factory=dict, repr=False, compare=False)
+
+    def merge(self, other):
+        return FakeProfile(
+            self.groups | other.groups, {**self.metrics, **other.metrics},
+            self.passes + other.passes, self.seconds + other.seconds, self.features,
+        )  # fmt: skip
+
+    def restrict(self, groups):
+        keep = {m for g in groups for m in self.features[g]}
+        return FakeProfile(
+            frozenset(groups) & self.groups, {k: v for k, v in self.metrics.items() if k in keep}, 0, 0.0,
+            self.features,
+        )  # fmt: skip

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
-from pathlib import Path
 
 import pytest
+from conftest import REPLAY_FIXTURE, load_replay_fixture
 
 from autoprofiler.analysis import (
     evaluate_policies,
@@ -25,18 +24,10 @@ from autoprofiler.rewriters.rule import RuleRewriter
 from autoprofiler.tasks import Task
 from autoprofiler.tree import load_tree, vocabulary_from_catalog
 
-FIXTURE = Path(__file__).parent / "fixtures" / "replay"
+FIXTURE = REPLAY_FIXTURE
 PROBES = {k: v for k, v in CONFIGURATIONS.items() if k.startswith("torch_")}
 
-
-def _fixture_module():
-    spec = importlib.util.spec_from_file_location("make_fixture", FIXTURE / "make_fixture.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-fx = _fixture_module()
+fx = load_replay_fixture()
 TASKS = fx.fixture_tasks()
 HALF = len(TASKS) // 2
 

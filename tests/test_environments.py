@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import shutil
 from pathlib import Path
 
 import pytest
+from conftest import REPLAY_FIXTURE, load_replay_fixture
 
 from autoprofiler import rewards
 from autoprofiler.environments import (
@@ -27,17 +27,9 @@ from autoprofiler.reward_table import ProfileTable, RewardTable
 from autoprofiler.rewriters.rule import RuleRewriter
 from autoprofiler.tasks import check_source
 
-FIXTURE = Path(__file__).parent / "fixtures" / "replay"
+FIXTURE = REPLAY_FIXTURE
 
-
-def _load_fixture_module():
-    spec = importlib.util.spec_from_file_location("make_fixture", FIXTURE / "make_fixture.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-fx = _load_fixture_module()
+fx = load_replay_fixture()
 TASKS = fx.fixture_tasks()
 ELEMENTWISE, MATMUL = TASKS[0], TASKS[-1]
 N = len(TASKS)
@@ -335,3 +327,25 @@ def test_live_ncu_record_then_replay_on_the_gpu(tmp_path):
     row = rep.outcome(task, config)
     assert row["action"] == live_row["action"] and row["speedup"] == live_row["speedup"]
     assert row["device"] and row["device"] != "cpu"
+
+
+def test_joint_record_resumes_asking_only_for_missing_groups(tmp_path):
+    """record(joint=True) after a partial recording batches each distinct missing set once, jobs=3."""
+    groups = list(fx.RECORDED_GROUPS)
+    first = LiveEnvironment(BatchProfiler(), RuleRewriter(), ScriptedEvaluator(), tmp_path)
+    first.prefetch(TASKS[:2], groups[:2])  # a recording stopped after two groups for two tasks
+    first.close()
+    prof = BatchProfiler()
+    env = LiveEnvironment(prof, RuleRewriter(), ScriptedEvaluator(), tmp_path)
+    summary = record(TASKS[:4], env, groups, joint=True, jobs=3)
+    assert summary["complete"] and summary["failures"] == []
+    assert sorted((sorted(h), g) for h, g in prof.batches) == sorted(
+        [
+            (sorted(t.hash for t in TASKS[:2]), tuple(sorted(groups[2:]))),
+            (sorted(t.hash for t in TASKS[2:4]), tuple(sorted(groups))),
+        ]
+    )
+    assert summary["profile_rows"] == 4 * len(groups)
+    assert summary["evaluations"] == 4 * len(RuleRewriter.actions())
+    keys = [r["key"] for r in RewardTable(tmp_path / "rewards").rows()]
+    assert len(keys) == len(set(keys)) == 4 * len(RuleRewriter.actions())

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import hashlib
-import importlib.util
 import json
 import math
 import random
-from pathlib import Path
 
 import pytest
+from conftest import REPLAY_FIXTURE, load_replay_fixture
 
 from autoprofiler.environments import ReplayEnvironment
 from autoprofiler.learning import (
@@ -27,19 +26,11 @@ from autoprofiler.rewriters.rule import RuleRewriter
 from autoprofiler.tasks import Task
 from autoprofiler.tree import load_tree, vocabulary_from_catalog
 
-FIXTURE = Path(__file__).parent / "fixtures" / "replay"
+FIXTURE = REPLAY_FIXTURE
 GROUP_NAMES = ["torch_root", "torch_ops", "torch_memory", "torch_flops", "torch_launch"]
 PROBES = {k: v for k, v in CONFIGURATIONS.items() if k.startswith("torch_")}
 
-
-def _fixture_module():
-    spec = importlib.util.spec_from_file_location("make_fixture", FIXTURE / "make_fixture.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-fx = _fixture_module()
+fx = load_replay_fixture()
 TASKS = fx.fixture_tasks()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from conftest import FakeProfile
 
 from autoprofiler.policies import Blind, Oracle, Random, Selection, Static, TreePolicy
 from autoprofiler.tree import Step, load_tree
@@ -14,24 +15,6 @@ DRAM = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
 FEATURES = {"root": (SM, DRAM), "a": ("a.x",), "b": ("b.x",), "c": ("c.x",), "d": ("d.x",)}
 PASSES = {"root": 9, "a": 4, "b": 5, "c": 12, "d": 1}
 CONFIGURATIONS = {"first": ("a", "b"), "second": ("c",), "third": ("d",)}
-
-
-@dataclass
-class FakeProfile:
-    groups: frozenset
-    metrics: dict
-    passes: int
-    seconds: float
-
-    def merge(self, other):
-        return FakeProfile(self.groups | other.groups, {**self.metrics, **other.metrics},
-                           self.passes + other.passes, self.seconds + other.seconds)  # fmt: skip
-
-    def restrict(self, groups):
-        keep = {m for g in groups for m in FEATURES[g]}
-        return FakeProfile(
-            self.groups & set(groups), {k: v for k, v in self.metrics.items() if k in keep}, 0, 0.0
-        )
 
 
 @dataclass
@@ -47,7 +30,7 @@ class FakeProfiler:
         groups = tuple(groups)
         self.calls.append(groups)
         metrics = {m: self.values[m] for g in groups for m in FEATURES[g]}
-        return FakeProfile(frozenset(groups), metrics, sum(PASSES[g] for g in groups), 0.25)
+        return FakeProfile(frozenset(groups), metrics, sum(PASSES[g] for g in groups), 0.25, FEATURES)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from conftest import FakeProfile
 
 from autoprofiler.tree import (
     Leaf,
@@ -61,26 +62,6 @@ def small_tree_dict() -> dict:
 
 
 @dataclass
-class FakeProfile:
-    """Stand-in for profiling.Profile: metrics of the groups collected, with the cost of this call."""
-
-    groups: frozenset
-    metrics: dict
-    passes: int
-    seconds: float
-
-    def merge(self, other):
-        return FakeProfile(self.groups | other.groups, {**self.metrics, **other.metrics},
-                           self.passes + other.passes, self.seconds + other.seconds)  # fmt: skip
-
-    def restrict(self, groups):
-        keep = {m for g in groups for m in FakeProfiler.FEATURES[g]}
-        return FakeProfile(
-            frozenset(groups) & self.groups, {k: v for k, v in self.metrics.items() if k in keep}, 0, 0.0
-        )
-
-
-@dataclass
 class FakeProfiler:
     """Boundary stand-in for Profiler: fixed metric values per task id; records every request."""
 
@@ -95,7 +76,9 @@ class FakeProfiler:
         metrics = {
             m: self.values[task.id][m] for g in groups for m in self.FEATURES[g] if m in self.values[task.id]
         }
-        return FakeProfile(frozenset(groups), metrics, sum(self.PASSES[g] for g in groups), 0.5 * len(groups))
+        return FakeProfile(
+            frozenset(groups), metrics, sum(self.PASSES[g] for g in groups), 0.5 * len(groups), self.FEATURES
+        )
 
 
 @dataclass(frozen=True)

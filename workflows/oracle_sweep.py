@@ -51,6 +51,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--jobs", type=int, default=1, help="candidates evaluated at once (timing stays exclusive)"
     )
+    p.add_argument("--joint", action="store_true", help="all groups of a task in one profiled process")
     p.add_argument("--max-seconds", type=float, default=None, help="stop starting new work after this long")
     p.add_argument("--analyse-only", action="store_true", help="no recording: analyse the existing tables")
     p.add_argument("--report", default=None, help="report folder (default: <out>/report)")
@@ -117,6 +118,7 @@ def record_suite(args, tasks, out: Path) -> dict:
             seeds=seeds,
             max_seconds=args.max_seconds,
             jobs=args.jobs,
+            joint=args.joint,
         )
     finally:
         evaluator.close()

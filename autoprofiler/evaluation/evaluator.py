@@ -316,15 +316,3 @@ def evaluate(task: Task, candidate_source: str, config: EvalConfig | None = None
     """
     with Evaluator(config, spares=0, fork_server=False) as ev:  # one job: a fork server would not pay off
         return ev.evaluate(task, candidate_source)
-
-
-__all__ = [
-    "ERROR_KINDS",
-    "EvalConfig",
-    "EvalResult",
-    "Evaluator",
-    "EvaluatorError",
-    "TaskError",
-    "evaluate",
-    "identity_candidate",
-]

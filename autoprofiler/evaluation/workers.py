@@ -378,4 +378,8 @@ def worker_env(config: EvalConfig, tmp: Path) -> dict[str, str]:
         # Fixed thresholds: blocks below 32 MB always come from the heap and are reused, none are trimmed.
         env.setdefault("MALLOC_MMAP_THRESHOLD_", str(32 * 2**20))
         env.setdefault("MALLOC_TRIM_THRESHOLD_", str(2**40))
+        # One intra-op thread unless the caller says otherwise: on a loaded 2-CPU machine torch's default
+        # threads stall in ~8 ms steps (an identity "speedup" of 7.7x was seen on l1/relu), while one
+        # thread gave 45/45 suite tasks within 1.00 +/- 0.03 (bench/results/eval_throughput_cpu.md).
+        env.setdefault("OMP_NUM_THREADS", "1")
     return env
