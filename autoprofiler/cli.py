@@ -347,6 +347,19 @@ def _make_profiler(setup: dict, cache: str | None):
         raise _Stop(EXIT_BAD_INPUT, str(exc)) from None
 
 
+def _recorded_profiler(recording: str, setup: dict):
+    """Profiles from a recording's table (``<recording>/profiles``), at their recorded cost."""
+    from pathlib import Path
+
+    from autoprofiler.environments import RecordedProfiler
+    from autoprofiler.reward_table import ProfileTable
+
+    table = Path(recording) / "profiles"
+    if not table.is_dir():
+        raise _Stop(EXIT_BAD_INPUT, f"--profiles {recording!r} has no profiles/ table (a recording folder?)")
+    return RecordedProfiler(ProfileTable(table), source=setup["source"])
+
+
 def _environment_errors() -> tuple[type, ...]:
     """Profiler errors that stop the whole command (no ncu, no counter permission): exit 3."""
     from autoprofiler import profiling
@@ -444,6 +457,19 @@ def _add_optimize(sub) -> None:
         action="append",
         default=[],
         help="save the per-task table to a .md or .json file (repeatable)",
+    )
+    p.add_argument(
+        "--jobs",
+        type=int,
+        default=1,
+        help="candidates evaluated at once (compilation and checks overlap; timing stays one at a time)",
+    )
+    p.add_argument(
+        "--profiles",
+        default=None,
+        metavar="RECORDING",
+        help="route on the profiles of a recording (workflows/oracle_sweep.py --out) instead of profiling "
+        "again; the rows then show the recorded collection cost. The rewrite and evaluation stay live",
     )
     p.set_defaults(func=_cmd_optimize)
 
@@ -621,6 +647,7 @@ def _write_table(path: str, rows: list[dict], summary: dict, config: dict) -> No
 def _cmd_optimize(args) -> int:
     import datetime
     import json
+    from pathlib import Path
 
     from autoprofiler.evaluation import EvalConfig, Evaluator, EvaluatorError
     from autoprofiler.policies import TreePolicy
@@ -629,12 +656,23 @@ def _cmd_optimize(args) -> int:
         for out in args.out:
             if not out.endswith((".md", ".json")):
                 raise _Stop(EXIT_BAD_INPUT, f"--out must end in .md or .json, got {out!r}")
+        if args.jobs < 1:
+            raise _Stop(EXIT_BAD_INPUT, f"--jobs must be at least 1, got {args.jobs}")
         setup = _resolve_tree_setup(args)
         tasks = _shard(_load_cli_tasks(args.task), args.shard)
-        profiler = _make_profiler(setup, args.cache)
+        if args.profiles:
+            profiler = _recorded_profiler(args.profiles, setup)
+        else:
+            profiler = _make_profiler(setup, args.cache)
         rewriter = _make_rewriter(args)
         policy = TreePolicy(setup["tree"])
         overrides = {k: v for k, v in {"timing_trials": args.trials, "timeout_s": args.timeout}.items() if v}
+        lock_dir = None
+        if args.jobs > 1:  # several candidates at once: time them one at a time
+            import tempfile
+
+            lock_dir = tempfile.TemporaryDirectory(prefix="autoprofiler-optimize-")
+            overrides["timing_lock"] = str(Path(lock_dir.name) / "timing.lock")
         try:
             eval_config = EvalConfig(device=setup["device"], task_size=setup["size"], **overrides)
         except ValueError as exc:
@@ -649,6 +687,8 @@ def _cmd_optimize(args) -> int:
             "device": setup["device"],
             "size": setup["size"],
             "rewriter": rewriter.identity,
+            "profiles": args.profiles,
+            "jobs": args.jobs,
             "eval": eval_config.to_dict(),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }
@@ -660,14 +700,29 @@ def _cmd_optimize(args) -> int:
                 raise _Stop(EXIT_ENVIRONMENT, str(selection))
         rows = []
         try:
-            with Evaluator(eval_config, spares=1 if len(tasks) > 1 else 0) as evaluator:
-                for task, selection in zip(tasks, selections, strict=True):
-                    row = _optimize_one(task, selection, rewriter, evaluator)
-                    rows.append(row)
-                    if not args.json:
-                        print(_format_row(row), flush=True)
+            spares = args.jobs if len(tasks) > 1 else 0
+            with Evaluator(eval_config, spares=spares) as evaluator:
+                if args.jobs == 1:
+                    for task, selection in zip(tasks, selections, strict=True):
+                        rows.append(_optimize_one(task, selection, rewriter, evaluator))
+                        if not args.json:
+                            print(_format_row(rows[-1]), flush=True)
+                else:
+                    from concurrent.futures import ThreadPoolExecutor
+
+                    def one(pair):
+                        row = _optimize_one(*pair, rewriter, evaluator)
+                        if not args.json:
+                            print(_format_row(row), flush=True)
+                        return row
+
+                    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+                        rows = list(pool.map(one, zip(tasks, selections, strict=True)))
         except EvaluatorError as exc:
             raise _Stop(EXIT_ENVIRONMENT, str(exc)) from None
+        finally:
+            if lock_dir is not None:
+                lock_dir.cleanup()
     except _Stop as stop:
         print(f"error: {stop}", file=sys.stderr)
         return stop.code

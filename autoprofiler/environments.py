@@ -65,6 +65,7 @@ __all__ = [
     "profile_from_dict",
     "profile_to_dict",
     "record",
+    "derive_configuration_rows",
     "refinement_task",
 ]
 
@@ -135,6 +136,11 @@ def rewriter_identity(rewriter: Any) -> str:
     if not identity:
         raise ValueError(f"a rewriter needs a non-empty 'identity' attribute; got {type(rewriter).__name__}")
     return str(identity)
+
+
+def actions_identity(rewriter: Any) -> str:
+    """The identity that keys a rule rewriter's action rows (its ``actions_identity``, else ``identity``)."""
+    return str(getattr(rewriter, "actions_identity", None) or rewriter_identity(rewriter))
 
 
 def profile_to_dict(profile: Any) -> dict[str, Any]:
@@ -593,7 +599,7 @@ class LiveEnvironment(_EnvironmentBase):
     ) -> dict:
         """The (cached) outcome of applying a rule rewriter's ``action`` to the task."""
         rewriter = self._resolve(rewriter)
-        rid = rewriter_identity(rewriter)
+        rid = actions_identity(rewriter)
         cell = ACTION_PREFIX + action
         key = rewards.outcome_key(task.hash, cell, rid, seed, round)
         row = self.rewards.get(key)
@@ -743,12 +749,13 @@ class ReplayEnvironment(_EnvironmentBase):
             if groups:
                 shown = self.profiler.snapshot(task, groups)
             action, reason = rewriter.decide(shown)
-            key = rewards.outcome_key(task.hash, ACTION_PREFIX + action, rid, seed, round)
+            aid = actions_identity(rewriter)
+            key = rewards.outcome_key(task.hash, ACTION_PREFIX + action, aid, seed, round)
             arow = self.rewards.get(key)
             if arow is None:
                 raise MissingOutcome(
                     f"no recorded outcome for task {task.id!r} (hash {task.hash}) action {action!r} "
-                    f"(chosen for configuration {configuration!r}), rewriter {rid!r}, seed {seed}, "
+                    f"(chosen for configuration {configuration!r}), rewriter {aid!r}, seed {seed}, "
                     f"round {round}"
                 )
             self.stats.from_table += 1
@@ -775,6 +782,7 @@ def record(
     max_seconds: float | None = None,
     jobs: int = 1,
     joint: bool = False,
+    joint_batch: int = 8,
 ) -> dict[str, Any]:
     """Profile every task with every group and evaluate every rule action (and fixed configurations).
 
@@ -786,7 +794,9 @@ def record(
     ncu run with the union of the groups' metrics) and apportions its cost among the groups by their
     catalog pass counts; what fails there is retried one group at a time below. On the H200 one group per
     process cost 75-100 s for 24 tasks (ncu start-up and the program's warm-up every time), so a full
-    recording of 10 groups one by one did not fit a 10-minute call.
+    recording of 10 groups one by one did not fit a 10-minute call. Joint collection goes ``joint_batch``
+    tasks per profiled process and writes each batch's rows before the next starts, so a run that is
+    stopped (``max_seconds``, or killed from outside) loses at most one batch.
 
     Profiles are collected one group at a time over the whole suite with the profiler's batch mode
     (``collect_many``: one process per group, and each group's own cost recorded); a batch that fails is
@@ -806,10 +816,17 @@ def record(
     failed_profile: set[str] = set()
     inner = env.profiler.inner
     complete = True
-    if joint and not out_of_time():
-        for f in env.profiler.prefetch(tasks, groups):
-            logger.warning("joint profiling failed for %s (%s); retrying group by group", f.get("task_id"), f)
-        env.profiles.flush()
+    if joint:
+        todo = [t for t in tasks if set(groups) - env.profiler._known(t)]
+        step = max(1, int(joint_batch))
+        for i in range(0, len(todo), step):
+            if out_of_time():
+                complete = False
+                break
+            for f in env.profiler.prefetch(todo[i : i + step], groups):
+                logger.warning("joint profiling failed for %s (%s)", f.get("task_id"), f)
+            env.profiles.flush()
+            logger.info("joint profiling: %d/%d tasks", min(i + step, len(todo)), len(todo))
     for g in groups:
         if out_of_time():
             complete = False
@@ -886,6 +903,34 @@ def record(
         "complete": complete,
         "status": dict(Counter(str(r.get("error_kind")) for r in env.rewards.rows())),
     }
+
+
+def derive_configuration_rows(
+    env: ReplayEnvironment,
+    tasks: Sequence[Task],
+    configurations: dict[str, Sequence[str]],
+    seeds: Sequence[int] = (0,),
+) -> dict[str, Any]:
+    """Write each (task, fixed configuration) row a rule rewriter's recording implies into its reward table.
+
+    For a recording made with ``oracle_sweep.py --evaluate-only`` (or under an older rule version): the
+    row is what ``LiveEnvironment.outcome`` would have written, the rule's decision on the recorded
+    profile restricted to the configuration joined with the recorded evaluation of that action, keyed by
+    the rewriter's current identity. Tasks lacking a recorded group or action are listed, not written.
+    Rows already present are kept (nothing is computed twice). Returns ``{"written", "missing"}``.
+    """
+    written, missing = 0, []
+    for t in tasks:
+        for seed in seeds:
+            for name, cfg in configurations.items():
+                try:
+                    row = env.outcome(t, "+".join(configuration_groups(cfg)), None, seed, 0)
+                except (MissingProfile, MissingOutcome) as e:
+                    missing.append({"task_id": t.id, "configuration": name, "error": str(e)[:300]})
+                    continue
+                written += bool(env.rewards.append(row))
+    env.rewards.flush()
+    return {"written": written, "missing": missing}
 
 
 def finite(x: Any) -> bool:

@@ -10,6 +10,11 @@ Measures, over N suite tasks:
 Writes bench/results/profile_cost_h200.md and .json and autoprofiler/profiling/group_costs.json
 (passes per group: the most any task's kernels needed). A step that would start after --budget-s
 seconds is skipped and listed as skipped.
+
+To finish a table over several GPU calls, run only the missing steps and merge with the earlier result:
+    python bench/profile_cost.py --tasks 4 --only tensor_cores,instruction_mix,flops,configs,full \
+        --merge bench/results/profile_cost_h200.json
+(rows and group passes of the earlier file are kept for the steps not run now).
 """
 
 from __future__ import annotations
@@ -56,7 +61,27 @@ def parse_args(argv=None):
     )
     p.add_argument("--costs", default=str(COSTS_PATH), help="where to write group_costs.json ('' to skip)")
     p.add_argument("--ncu", default="ncu")
+    p.add_argument(
+        "--only",
+        default="",
+        help="comma-separated steps to run (default: all): root, per-task, a group name, groups, "
+        "config:<name>, configs, full",
+    )
+    p.add_argument("--merge", default=None, help="an earlier profile_cost .json whose other rows are kept")
     return p.parse_args(argv)
+
+
+def wanted(only: set[str], name: str, mode: str) -> bool:
+    """Whether ``--only`` asks for the step ``name`` (``mode``); an empty set asks for all."""
+    if not only:
+        return True
+    if name == "root":
+        return ("per-task" if mode == "per-task" else "root") in only
+    if name.startswith("config:"):
+        return name in only or "configs" in only
+    if name == "--set full":
+        return "full" in only
+    return name in only or "groups" in only
 
 
 def summarize(name: str, mode: str, measurement: dict, processes: int) -> dict:
@@ -90,6 +115,7 @@ def markdown(rows: list[dict], meta: dict, skipped: list[str], costs: dict) -> s
         "",
         f"`{meta['command']}` on {meta['device']} (driver {meta['driver']}, {meta['tool']}), "
         f"{meta['date']}; tasks ({meta['size']}): {', '.join(meta['tasks'])}.",
+        *([f"Rows not measured by that command come from {meta['merged']}."] if meta.get("merged") else []),
         "Passes: the most replay passes any kernel of a task needed (`profiler__replayer_passes`). "
         "Seconds: wall time of the ncu process(es), start-up, replay and report export included.",
         "",
@@ -130,7 +156,11 @@ def main(argv=None) -> int:
     skipped: list[str] = []
     costs: dict[str, int] = {}
 
+    only = {x.strip() for x in args.only.split(",") if x.strip()}
+
     def step(name: str, mode: str, run) -> dict | None:
+        if not wanted(only, name, mode):
+            return None
         if time.monotonic() - start > args.budget_s:
             skipped.append(f"{name} ({mode})")
             print(f"  skip {name} ({mode}): over the {args.budget_s:.0f} s budget")
@@ -178,6 +208,15 @@ def main(argv=None) -> int:
         "group_tasks": [t.id for t in group_tasks],
         "total_seconds": round(time.monotonic() - start, 1),
     }
+    if args.merge:  # keep the earlier run's rows for the steps not measured now, and its group passes
+        earlier = json.loads(Path(args.merge).read_text())
+        done = {(r["name"], r["mode"]) for r in rows}
+        then = earlier["meta"]["date"]
+        kept = [dict(r, run=then) for r in earlier["rows"] if (r["name"], r["mode"]) not in done]
+        rows = kept + [dict(r, run=meta["date"]) for r in rows]
+        costs = {**earlier.get("group_passes", {}), **costs}
+        skipped = [s for s in skipped if s.split(" (")[0] not in {r["name"] for r in rows}]
+        meta["merged"] = f"`{earlier['meta']['command']}` ({then}; {', '.join(earlier['meta']['tasks'])})"
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(

@@ -17,15 +17,16 @@ from autoprofiler.environments import (
     MissingProfile,
     RecordedProfiler,
     ReplayEnvironment,
+    derive_configuration_rows,
     record,
     refinement_task,
 )
 from autoprofiler.evaluation import EvalResult
-from autoprofiler.profiling.groups import GROUPS
+from autoprofiler.profiling.groups import CONFIGURATIONS, GROUPS
 from autoprofiler.profiling.profile import Profile
 from autoprofiler.reward_table import ProfileTable, RewardTable
 from autoprofiler.rewriters.rule import RuleRewriter
-from autoprofiler.tasks import check_source
+from autoprofiler.tasks import Task, check_source
 
 FIXTURE = REPLAY_FIXTURE
 
@@ -130,7 +131,8 @@ def test_replay_rule_rewriter_answers_every_configuration(replay):
     row = replay.outcome(MATMUL, "torch_flops+torch_ops")
     assert row["configuration"] == "torch_flops+torch_ops" and row["reward"] == 0.0
     assert replay.outcome(MATMUL, "")["action"] == "torch_compile"
-    assert row["key"] == rewards.outcome_key(MATMUL.hash, "torch_flops+torch_ops", "rule-v1", 0, 0)
+    rid = RuleRewriter().identity
+    assert row["key"] == rewards.outcome_key(MATMUL.hash, "torch_flops+torch_ops", rid, 0, 0)
 
 
 def test_replay_costs_come_from_the_recording(replay):
@@ -238,7 +240,7 @@ def test_live_crash_then_resume_produces_each_key_exactly_once(tmp_path):
     assert final.duplicates_seen == 0
     keys = [r["key"] for r in final.rows()]
     assert len(keys) == len(set(keys)) == N * len(CONFIGS) + 2 * N
-    expected = {rewards.outcome_key(t.hash, c, "rule-v1", 0, 0) for t in TASKS for c in CONFIGS}
+    expected = {rewards.outcome_key(t.hash, c, RuleRewriter().identity, 0, 0) for t in TASKS for c in CONFIGS}
     assert expected <= set(keys)
 
 
@@ -322,7 +324,8 @@ def test_live_ncu_record_then_replay_on_the_gpu(tmp_path):
     profiles = ProfileTable(tmp_path / "profiles").rows()
     assert {p["group"] for p in profiles} == set(groups) and all(p["passes"] > 0 for p in profiles)
     config = rewards.configuration_name(CONFIGURATIONS["memory"])
-    live_row = RewardTable(tmp_path / "rewards").get(rewards.outcome_key(task.hash, config, "rule-v1", 0, 0))
+    live_key = rewards.outcome_key(task.hash, config, RuleRewriter().identity, 0, 0)
+    live_row = RewardTable(tmp_path / "rewards").get(live_key)
     rep = ReplayEnvironment.from_dir(tmp_path, rewriter=RuleRewriter(), source="ncu")
     row = rep.outcome(task, config)
     assert row["action"] == live_row["action"] and row["speedup"] == live_row["speedup"]
@@ -349,3 +352,48 @@ def test_joint_record_resumes_asking_only_for_missing_groups(tmp_path):
     assert summary["evaluations"] == 4 * len(RuleRewriter.actions())
     keys = [r["key"] for r in RewardTable(tmp_path / "rewards").rows()]
     assert len(keys) == len(set(keys)) == 4 * len(RuleRewriter.actions())
+
+
+def test_joint_record_goes_batch_by_batch_and_stops_between_batches(tmp_path):
+    """joint_batch=2 over 5 tasks: three profiled processes, each written before the next; a budget
+    already spent stops before the first batch and the summary says incomplete."""
+    groups = list(fx.RECORDED_GROUPS)
+    stopped = LiveEnvironment(BatchProfiler(), RuleRewriter(), ScriptedEvaluator(), tmp_path / "a")
+    summary = record(TASKS[:5], stopped, groups, joint=True, joint_batch=2, max_seconds=-1)
+    assert not summary["complete"] and summary["profile_rows"] == 0 and summary["evaluations"] == 0
+    prof = BatchProfiler()
+    env = LiveEnvironment(prof, RuleRewriter(), ScriptedEvaluator(), tmp_path / "b")
+    summary = record(TASKS[:5], env, groups, joint=True, joint_batch=2)
+    assert [len(hashes) for hashes, _ in prof.batches] == [2, 2, 1]
+    assert summary["complete"] and summary["profile_rows"] == 5 * len(groups)
+
+
+def test_derive_configuration_rows_from_actions_and_profiles(tmp_path):
+    """A recording with action rows only (``oracle_sweep --evaluate-only``): every configuration row the
+    rule rewriter implies is written once, equal to the replayed outcome; a task missing a group is listed."""
+    shutil.copytree(REPLAY_FIXTURE, tmp_path / "rec")
+    rewards_dir = tmp_path / "rec" / "rewards"
+    actions = [r for r in RewardTable(rewards_dir).rows() if r["configuration"].startswith("action:")]
+    shutil.rmtree(rewards_dir)
+    table = RewardTable(rewards_dir)
+    table.extend(actions)
+    table.flush()
+    env = ReplayEnvironment.from_dir(tmp_path / "rec", rewriter=RuleRewriter(), source="torch")
+    configs = {k: v for k, v in CONFIGURATIONS.items() if k.startswith("torch_")}
+    stranger = Task.from_source("fixture/unrecorded", TASKS[0].source + "\n# another task\n")
+    result = derive_configuration_rows(env, [*TASKS, stranger], configs)
+    assert result["written"] == len(TASKS) * len(configs)
+    assert {m["task_id"] for m in result["missing"]} == {"fixture/unrecorded"}
+    again = ReplayEnvironment.from_dir(tmp_path / "rec", rewriter=RuleRewriter(), source="torch")
+    assert derive_configuration_rows(again, TASKS, configs)["written"] == 0
+    cfg = rewards.configuration_name(configs["torch_memory"])
+    row = again.rewards.get(rewards.outcome_key(TASKS[3].hash, cfg, RuleRewriter().identity, 0, 0))
+    assert row is not None and row["action"] == again.outcome(TASKS[3], cfg)["action"]
+
+
+def test_relative_timing_lock_becomes_absolute():
+    """Workers run in their own temp dirs: a relative timing_lock would not be found there."""
+    from autoprofiler.evaluation import EvalConfig
+
+    path = EvalConfig(device="cpu", timing_lock="rec/.timing.lock").timing_lock
+    assert Path(path).is_absolute() and path.endswith("rec/.timing.lock")

@@ -577,3 +577,32 @@ def test_route_with_ncu_seed_tree(name):
     assert route.groups[0] == "root" and route.groups[1:] == route.leaf_groups
     assert tree.apply(route.profile) == route.leaf and route.passes > 0
     print(name, export_text(tree), route.leaf, route.path, route.passes, round(route.seconds, 1))
+
+
+def test_cli_optimize_on_recorded_profiles_with_jobs(tmp_path, capsys):
+    """`optimize --profiles RECORDING --jobs 2`: routes on the recorded profiles (their recorded cost in
+    the rows, no profiling), evaluates two candidates at a time; a folder with no profiles/ is bad input."""
+    from autoprofiler.cli import main
+    from autoprofiler.reward_table import ProfileTable
+
+    fixture = Path(__file__).resolve().parent / "fixtures" / "replay"
+    tasks = tmp_path / "tasks"
+    tasks.mkdir()
+    for name in ("fx_00.py", "fx_15.py"):  # an elementwise chain and a matmul task
+        (tasks / name).write_text((fixture / "tasks" / name).read_text())
+    args = ["optimize", str(tasks), "--profiles", str(fixture), "--device", "cpu", "--trials", "3",
+            "--jobs", "2", "--json"]  # fmt: skip
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["config"]["jobs"] == 2 and result["config"]["profiles"] == str(fixture)
+    rows = {r["task"].split("/")[-1]: r for r in result["rows"]}
+    assert set(rows) == {"fx_00", "fx_15"} and all(r["correct"] and r["action"] for r in rows.values())
+    table = ProfileTable(fixture / "profiles").rows()
+    recorded = {(r["task_id"].split("/")[-1], r["group"]): r for r in table}
+    for name, row in rows.items():
+        groups = row["groups"].split("+")
+        assert row["passes"] == sum(recorded[(name, g)]["passes"] for g in groups)
+        seconds = sum(recorded[(name, g)]["seconds"] for g in groups)
+        assert row["profile_s"] == pytest.approx(seconds, abs=1e-3)
+    assert main(["optimize", str(tasks), "--profiles", str(tmp_path), "--device", "cpu"]) == 2
+    assert "has no profiles/ table" in capsys.readouterr().err

@@ -52,6 +52,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--jobs", type=int, default=1, help="candidates evaluated at once (timing stays exclusive)"
     )
     p.add_argument("--joint", action="store_true", help="all groups of a task in one profiled process")
+    p.add_argument(
+        "--evaluate-only",
+        action="store_true",
+        help="no profiling and no configuration rows: evaluate every rule action of every task (the replay "
+        "environment derives each configuration's row from the recorded profiles and these)",
+    )
+    p.add_argument("--joint-batch", type=int, default=8, help="tasks per joint profiled process (default 8)")
     p.add_argument("--max-seconds", type=float, default=None, help="stop starting new work after this long")
     p.add_argument("--analyse-only", action="store_true", help="no recording: analyse the existing tables")
     p.add_argument("--report", default=None, help="report folder (default: <out>/report)")
@@ -89,6 +96,8 @@ def record_suite(args, tasks, out: Path) -> dict:
     groups = [g.strip() for g in args.groups.split(",") if g.strip()] or [
         g for g, m in GROUPS.items() if m.source == args.source
     ]
+    if args.evaluate_only:
+        groups = []
     profiler = Profiler(source=args.source, device=args.device, task_size=args.task_size)
     config = EvalConfig(
         device=args.device,
@@ -114,11 +123,12 @@ def record_suite(args, tasks, out: Path) -> dict:
             tasks,
             env,
             groups,
-            configurations_for(args.source),
+            {} if args.evaluate_only else configurations_for(args.source),
             seeds=seeds,
             max_seconds=args.max_seconds,
             jobs=args.jobs,
             joint=args.joint,
+            joint_batch=args.joint_batch,
         )
     finally:
         evaluator.close()
@@ -155,6 +165,8 @@ def write_readme(out: Path, args, summary: dict, oracle: dict, env) -> None:
         "`autoprofiler.reward_table.PROFILE_SCHEMA` (one row per task and group, the group's own cost and "
         "metrics as `Profile` JSON); `candidates/` holds every evaluated candidate source by hash.\n",
     ]
+    if (out / "HISTORY.md").exists():
+        lines.append("How it was recorded, call by call, and what it lacks: `HISTORY.md`.\n")
     if oracle.get("tasks"):
         lo, hi = oracle["relative_gain_ci"]
         lines.append(
@@ -169,7 +181,7 @@ def write_readme(out: Path, args, summary: dict, oracle: dict, env) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     from autoprofiler.analysis import oracle_analysis, outcome_matrix
-    from autoprofiler.environments import ReplayEnvironment
+    from autoprofiler.environments import ReplayEnvironment, derive_configuration_rows
     from autoprofiler.rewriters import RuleRewriter
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -192,6 +204,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0 if not summary.get("complete", True) else 1
     env = ReplayEnvironment.from_dir(out, rewriter=RuleRewriter(), source=args.source)
     recorded = env.recorded_tasks()
+    derived = derive_configuration_rows(
+        env, [t for t in tasks if t.hash in recorded], configurations_for(args.source)
+    )
+    print(
+        f"configuration rows ({env.rewriter.identity}) derived from the recorded profiles and actions: "
+        f"{derived['written']} new; {len({m['task_id'] for m in derived['missing']})} task(s) lack a group"
+    )
     matrix = outcome_matrix([t for t in tasks if t.hash in recorded], configurations_for(args.source), env)
     oracle = oracle_analysis(matrix)
     (out / "oracle.json").write_text(json.dumps(oracle, indent=1, default=str) + "\n")

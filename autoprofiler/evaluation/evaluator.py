@@ -36,6 +36,7 @@ import secrets
 import threading
 import time
 from collections import deque
+from pathlib import Path
 
 from autoprofiler.evaluation.results import (
     ERROR_KINDS,
@@ -105,6 +106,13 @@ class Evaluator:
         self.config = config or EvalConfig()
         if spares < 0:
             raise ValueError(f"spares must be >= 0, got {spares}")
+        if self.config.timing_lock:  # a lock the workers cannot open would fail every candidate's timing
+            try:
+                Path(self.config.timing_lock).parent.mkdir(parents=True, exist_ok=True)
+                Path(self.config.timing_lock).touch()
+            except OSError as exc:
+                lock = self.config.timing_lock
+                raise EvaluatorError(f"cannot create the timing lock {lock}: {exc}") from exc
         self.spares = spares
         self.startup_timeout_s = startup_timeout_s
         if fork_server is None:  # AUTOPROFILER_EVAL_FORK_SERVER=0 turns it off without code changes

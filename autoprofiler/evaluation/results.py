@@ -10,6 +10,7 @@ Plain data only (no processes): cheap to import anywhere, e.g. in replay environ
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import asdict, dataclass, field, fields
 
@@ -79,6 +80,8 @@ class EvalConfig:
     timing_lock: str | None = None
 
     def __post_init__(self) -> None:
+        if self.timing_lock:  # workers run in their own temp dir: a relative path would not be found there
+            object.__setattr__(self, "timing_lock", os.path.abspath(self.timing_lock))
         problems = []
         if not _DEVICE_RE.match(str(self.device)):
             problems.append(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")

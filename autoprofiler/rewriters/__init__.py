@@ -5,9 +5,9 @@ torch-level rewrites with no LLM. Both return a ``Rewrite`` and never raise for 
 
     >>> from autoprofiler.rewriters import RuleRewriter
     >>> RuleRewriter().identity
-    'rule-v1'
+    'rule-v2'
     >>> make_rewriter("rule", default_action="keep").identity
-    'rule-v1[default_action=keep]'
+    'rule-v2[default_action=keep]'
 """
 
 from autoprofiler.rewriters.base import NO_CODE_ERROR, ExtractionError, Rewrite, Rewriter, extract_code

@@ -35,16 +35,16 @@ rule's code. The list, in order (ncu names verbatim; first match wins):
 ============================== ============= =====================================================
 rule                           action        fires when (all named metrics shown)
 ============================== ============= =====================================================
-launch_bound                   cuda_graph    derived__launch_overhead_share >= 0.5
-many_short_kernels             cuda_graph    derived__kernel_count >= 4 and mean kernel < 5 us
-underfilled_many_kernels       cuda_graph    launch__waves_per_multiprocessor < 0.5, >= 3 kernels
-fp32_gemm_without_tensor_cores tf32          tolerance allows, tensor-core time share < 0.05, SM >= 50%
-fp32_fma_bound                 tf32          tolerance allows, FMA pipe >= 60%, GEMM/conv kernels > 50%
-conv_layout_transposes         channels_last nchwToNhwc/nhwcToNchw kernels >= 5% of time, a conv kernel
-single_kernel_at_bandwidth     keep          DRAM >= 60% with one kernel
-memory_bound_chain             torch_compile DRAM >= 40% over >= 2 kernels
-low_intensity_chain            torch_compile derived__arithmetic_intensity < 10 over >= 2 kernels
-compute_bound_library_kernel   keep          SM >= 60% with <= 2 kernels
+launch_bound_small_kernels     cuda_graph    [occupancy] launch share >= 0.5, >= 3 kernels, < 4 waves/SM
+single_small_launch            keep          [occupancy] launch share >= 0.5 with <= 2 kernels
+fp32_gemm_without_tensor_cores tf32          [tensor_cores] tolerance allows, tensor cores idle, SM >= 50%
+compute_bound_library_kernel   keep          [compute_pipes] SM >= 60%, <= 3 kernels, GEMM/conv > 50% of time
+conv_layout_transposes         channels_last [memory] nchwToNhwc/nhwcToNchw >= 5% of time with a conv kernel
+uncoalesced_loads              torch_compile [memory] loads use < 16 of 32 B per sector, GEMM/conv < 50%
+memory_bound_chain             torch_compile [memory] DRAM >= 40% over >= 2 kernels
+single_kernel_at_bandwidth     keep          [memory] DRAM >= 60%, one kernel, loads >= 28 B per sector
+low_intensity_chain            torch_compile [flops] arithmetic intensity < 10 FLOP/B over >= 2 kernels
+high_intensity_few_kernels     keep          [flops] arithmetic intensity >= 50 FLOP/B, <= 3 kernels
 torch_launch_bound             cuda_graph    torch__launch_overhead_share >= 0.5
 torch_many_short_ops           cuda_graph    torch__op_count >= 8 and torch__mean_op_time_us < 20
 torch_matmul_heavy_tf32        tf32          tolerance allows, torch__matmul_time_share >= 0.6
@@ -53,10 +53,23 @@ torch_elementwise_chain        torch_compile torch__elementwise_time_share >= 0.
 torch_single_library_op        keep          torch__matmul_time_share >= 0.8, elementwise < 0.1
 ============================== ============= =====================================================
 
-Launch overhead comes first because a CUDA graph is the only action that removes it; TF32 before
-layout and fusion because on an fp32 GEMM/conv it is the largest single gain when allowed; ``keep``
-for a lone kernel already at a roof, where torch-level rewrites only add overhead. Bump
-``RULE_VERSION`` whenever a rule or threshold changes: it is the rewriter's identity in reward keys.
+Each ncu rule needs a metric of one group beyond the root and speed-of-light metrics (in brackets), so
+what the rewriter can conclude depends on what was profiled, as it does for an LLM shown a profile:
+shown only the root, it takes the default; shown occupancy, it can see launch-bound work; shown memory,
+strided or chained traffic; shown compute pipes or tensor cores, library GEMMs; shown FLOP counts, the
+arithmetic intensity. Launch overhead comes first because a CUDA graph is the only action that removes
+it (but a graph of one or two launches only adds its input copies); TF32 before layout and fusion
+because on an fp32 GEMM/conv it is the largest single gain when allowed; ``keep`` for library GEMMs and
+a lone kernel already at a roof, where torch-level rewrites only add overhead.
+
+History: ``rule-v1`` let its first rules fire on root/speed-of-light metrics that every fixed
+configuration contains, so on the first H200 recording (``datasets/h200_suite``) all four
+configurations made the same choice on all 32 fully profiled tasks and what was profiled did not
+matter. ``rule-v2`` (this list) was written after that observation, each rule from a physical
+argument, but with that recording's metrics and outcomes in view (e.g. the 4-waves bound separates
+conv2d from conv_bn_relu there): that recording is not an independent test of these rules. Bump
+``RULE_VERSION`` whenever a rule or threshold changes: it is the rewriter's identity in reward keys of
+configuration rows; bump ``ACTIONS_VERSION`` whenever a candidate builder changes (it keys action rows).
 
 Example::
 
@@ -79,7 +92,8 @@ from autoprofiler.rewriters.base import Rewrite
 
 logger = logging.getLogger(__name__)
 
-RULE_VERSION = "rule-v1"
+RULE_VERSION = "rule-v2"  # the decision rules: configuration rows are keyed by it
+ACTIONS_VERSION = "rule-v1"  # the candidate builders: action rows are keyed by it (see RuleRewriter)
 ORIGINAL_NAME = "_Original"
 
 
@@ -296,7 +310,7 @@ def build_source(task_source: str, action: str, compile_mode: str = "default", g
     if action not in ACTIONS:
         raise ValueError(f"action must be one of {sorted(ACTIONS)}, got {action!r}")
     body = ACTIONS[action].template.format(mode=compile_mode, warmup=int(graph_warmup))
-    header = _HEADER.format(version=RULE_VERSION, action=action)
+    header = _HEADER.format(version=ACTIONS_VERSION, action=action)
     return rename_model(task_source).rstrip("\n") + "\n" + header + body
 
 
@@ -313,9 +327,12 @@ TENSOR_SHARE = "derived__tensor_core_time_share"
 FMA_PIPE = "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"
 WAVES = "launch__waves_per_multiprocessor"
 INTENSITY = "derived__arithmetic_intensity"
+DRAM_READ = "dram__bytes_read.sum"  # memory and flops groups
+LOAD_BYTES_PER_SECTOR = "smsp__sass_average_data_bytes_per_sector_mem_global_op_ld.ratio"  # memory group
 # Kernels cuDNN launches to convert NCHW tensors for its NHWC (tensor-core) convolutions.
 LAYOUT_KERNELS = r"nchwToNhwc|nhwcToNchw|nchw_to_nhwc|nhwc_to_nchw"
 CONV_KERNELS = r"conv|fprop|dgrad|implicit_gemm|implicit_convolve|winograd"
+GEMM_KERNELS = CONV_KERNELS + r"|gemm|gemv|gmma|nvjet|cutlass|xmma|cublas"  # cuBLAS/cuDNN/CUTLASS
 TORCH_DURATION = "torch__self_time_us"  # per-operator row duration of the torch source
 CONV_OPS = r"conv"  # torch.profiler operator rows: aten::convolution, aten::mkldnn_convolution, ...
 
@@ -373,32 +390,29 @@ def _tf32_allowed(rewriter: RuleRewriter) -> bool:
 
 RULES: tuple[Rule, ...] = (
     # ---- ncu (the H200) ----
+    # Every ncu rule needs a metric of one non-root group, so what the rewriter can conclude depends on
+    # what was profiled, as it does for an LLM: occupancy (latency) -> cuda_graph / keep; tensor_cores and
+    # compute_pipes (compute) -> tf32 / keep; memory (memory) -> channels_last / torch_compile / keep;
+    # flops (algorithm) -> torch_compile / keep. speed_of_light and root metrics only qualify a rule.
     Rule(
-        "launch_bound",
+        "launch_bound_small_kernels",
         "cuda_graph",
         "ncu",
-        (LAUNCH_SHARE,),
-        lambda m, k, r: m[LAUNCH_SHARE] >= 0.5,
-        "launch-bound: {derived__launch_overhead_share:.2f} of the call's wall time is outside kernels "
-        "(>= 0.50); a CUDA graph replays all launches at once",
+        (LAUNCH_SHARE, WAVES, KERNELS),
+        lambda m, k, r: m[LAUNCH_SHARE] >= 0.5 and m[KERNELS] >= 3 and m[WAVES] < 4,
+        "launch-bound: {derived__launch_overhead_share:.2f} of the call's wall time is outside its "
+        "{derived__kernel_count:.0f} kernels, each under 4 waves per SM "
+        "({launch__waves_per_multiprocessor:.2f}): "
+        "a CUDA graph replays all launches at once",
     ),
     Rule(
-        "many_short_kernels",
-        "cuda_graph",
+        "single_small_launch",
+        "keep",
         "ncu",
-        (KERNELS, DURATION),
-        lambda m, k, r: m[KERNELS] >= 4 and m[DURATION] / m[KERNELS] < 5_000,
-        "many short kernels: {derived__kernel_count:.0f} kernels averaging "
-        "{mean_kernel_us:.1f} us (< 5 us each); launch latency dominates, a CUDA graph removes it",
-    ),
-    Rule(
-        "underfilled_many_kernels",
-        "cuda_graph",
-        "ncu",
-        (WAVES, KERNELS),
-        lambda m, k, r: m[WAVES] < 0.5 and m[KERNELS] >= 3,
-        "GPU underfilled: {launch__waves_per_multiprocessor:.2f} waves per SM over "
-        "{derived__kernel_count:.0f} kernels; small launches are latency-bound, a CUDA graph hides it",
+        (LAUNCH_SHARE, WAVES, KERNELS),
+        lambda m, k, r: m[LAUNCH_SHARE] >= 0.5 and m[KERNELS] <= 2,
+        "{derived__kernel_count:.0f} short launch(es) ({derived__launch_overhead_share:.2f} of wall time "
+        "outside kernels): a graph saves at most one launch but adds its input copies; keep",
     ),
     Rule(
         "fp32_gemm_without_tensor_cores",
@@ -411,44 +425,53 @@ RULES: tuple[Rule, ...] = (
         "tensor cores (the tolerance allows it)",
     ),
     Rule(
-        "fp32_fma_bound",
-        "tf32",
+        "compute_bound_library_kernel",
+        "keep",
         "ncu",
-        (FMA_PIPE,),
-        lambda m, k, r: (
-            _tf32_allowed(r) and m[FMA_PIPE] >= 60 and kernel_time_share(k, CONV_KERNELS + "|gemm") > 0.5
-        ),
-        "FMA pipe {sm__pipe_fma_cycles_active_avg_pct_of_peak_sustained_active:.0f}% busy in GEMM/conv "
-        "kernels: fp32 on CUDA cores; TF32 moves it to tensor cores (the tolerance allows it)",
+        (FMA_PIPE, SM, KERNELS),
+        lambda m, k, r: m[SM] >= 60 and m[KERNELS] <= 3 and kernel_time_share(k, GEMM_KERNELS) > 0.5,
+        "{derived__kernel_count:.0f} kernel(s) at "
+        "{sm__throughput_avg_pct_of_peak_sustained_elapsed:.0f}% SM, mostly GEMM/conv library code (FMA pipe "
+        "{sm__pipe_fma_cycles_active_avg_pct_of_peak_sustained_active:.0f}%): near peak, keep it",
     ),
     Rule(
         "conv_layout_transposes",
         "channels_last",
         "ncu",
-        (),
+        (DRAM_READ,),
         lambda m, k, r: (
             kernel_time_share(k, LAYOUT_KERNELS) >= 0.05 and kernel_time_share(k, CONV_KERNELS) > 0
         ),
-        "convolution with NCHW<->NHWC layout transposes taking {layout_share:.0%} of kernel time: "
-        "channels-last tensors remove them",
+        "convolution with NCHW<->NHWC layout transposes taking {layout_share:.0%} of kernel time (extra "
+        "DRAM round trips): channels-last tensors remove them",
     ),
     Rule(
-        "single_kernel_at_bandwidth",
-        "keep",
+        "uncoalesced_loads",
+        "torch_compile",
         "ncu",
-        (DRAM, KERNELS),
-        lambda m, k, r: m[DRAM] >= 60 and m[KERNELS] <= 1,
-        "one kernel already at {dram__throughput_avg_pct_of_peak_sustained_elapsed:.0f}% of DRAM bandwidth: "
-        "nothing to fuse, no torch-level rewrite beats it",
+        (LOAD_BYTES_PER_SECTOR,),
+        lambda m, k, r: 0 < m[LOAD_BYTES_PER_SECTOR] < 16 and kernel_time_share(k, GEMM_KERNELS) < 0.5,
+        "global loads use {smsp__sass_average_data_bytes_per_sector_mem_global_op_ld_ratio:.1f} of each "
+        "32-byte sector outside GEMM/conv code: strided access; a generated (torch.compile) kernel "
+        "reorders it",
     ),
     Rule(
         "memory_bound_chain",
         "torch_compile",
         "ncu",
-        (DRAM, KERNELS),
+        (DRAM_READ, DRAM, KERNELS),
         lambda m, k, r: m[DRAM] >= 40 and m[KERNELS] >= 2,
         "memory-bound chain: {dram__throughput_avg_pct_of_peak_sustained_elapsed:.0f}% DRAM over "
         "{derived__kernel_count:.0f} kernels; fusing them (torch.compile) saves the round trips",
+    ),
+    Rule(
+        "single_kernel_at_bandwidth",
+        "keep",
+        "ncu",
+        (LOAD_BYTES_PER_SECTOR, DRAM, KERNELS),
+        lambda m, k, r: m[DRAM] >= 60 and m[KERNELS] <= 1 and m[LOAD_BYTES_PER_SECTOR] >= 28,
+        "one kernel at {dram__throughput_avg_pct_of_peak_sustained_elapsed:.0f}% of DRAM bandwidth with "
+        "coalesced loads: nothing to fuse, no torch-level rewrite beats it",
     ),
     Rule(
         "low_intensity_chain",
@@ -460,13 +483,13 @@ RULES: tuple[Rule, ...] = (
         "{derived__kernel_count:.0f} kernels: traffic-bound, fusion (torch.compile) cuts the bytes",
     ),
     Rule(
-        "compute_bound_library_kernel",
+        "high_intensity_few_kernels",
         "keep",
         "ncu",
-        (SM, KERNELS),
-        lambda m, k, r: m[SM] >= 60 and m[KERNELS] <= 2,
-        "{derived__kernel_count:.0f} kernel(s) at {sm__throughput_avg_pct_of_peak_sustained_elapsed:.0f}% "
-        "SM throughput: a library kernel near peak, keep it",
+        (INTENSITY, KERNELS),
+        lambda m, k, r: m[INTENSITY] >= 50 and m[KERNELS] <= 3,
+        "{derived__kernel_count:.0f} kernel(s) at {derived__arithmetic_intensity:.0f} FLOP/B: dense "
+        "library math (GEMM/conv) that torch-level rewrites do not improve; keep it",
     ),
     # ---- torch.profiler (CPU or GPU) ----
     Rule(
@@ -550,8 +573,11 @@ class RuleRewriter:
         tf32_min_tolerance: the rules pick ``tf32`` only when ``tolerance`` is at least this (1e-2).
         rules: the decision list (default ``RULES``).
 
-    ``identity`` is ``"rule-v1"`` with the defaults, else ``"rule-v1[name=value,...]"`` listing the
-    parameters that differ, so reward rows of differently configured rewriters never mix.
+    ``identity`` is ``"rule-v2"`` with the defaults, else ``"rule-v2[name=value,...]"`` listing the
+    parameters that differ, so reward rows of differently configured rewriters never mix. It keys the
+    rows of configurations (what the rules chose when shown some groups). ``actions_identity``
+    (``"rule-v1"``: the candidate builders' version, ``ACTIONS_VERSION``) keys the rows of single actions,
+    which do not depend on the rules: changing a rule re-uses every recorded action evaluation.
     """
 
     DEFAULTS = {
@@ -593,6 +619,10 @@ class RuleRewriter:
         if rules is not RULES:
             changed.append("rules=" + "+".join(rule.name for rule in rules))
         self.identity = RULE_VERSION + (f"[{','.join(changed)}]" if changed else "")
+        # Action rows hold one candidate's evaluation, whatever the rules would choose: they depend only on
+        # the candidate builders (and compile_mode), so new rules re-use every recorded action outcome.
+        built = "" if compile_mode == self.DEFAULTS["compile_mode"] else f"[compile_mode={compile_mode}]"
+        self.actions_identity = ACTIONS_VERSION + built
 
     @staticmethod
     def actions() -> list[str]:
