@@ -404,6 +404,11 @@ class _RecordingProfiler:
             return []
         news = {t.hash: sorted(set(groups) - self._known(t)) for t in todo}
         failures: list[dict[str, str]] = []
+        if callable(getattr(self.inner, "remember", None)):  # e.g. the root's kernel count -> range replay
+            for t in todo:
+                held = [g for g in self._known(t) if g in groups]
+                if held:
+                    self.inner.remember(self.recorded.snapshot(t, held))
         if callable(getattr(self.inner, "collect_many", None)):
             try:
                 by_missing: dict[tuple[str, ...], list[Task]] = {}

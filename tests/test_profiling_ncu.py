@@ -14,6 +14,7 @@ import pytest
 
 from autoprofiler.profiling import ncu
 from autoprofiler.profiling.cache import ProfileCache
+from autoprofiler.profiling.groups import ncu_request_metrics
 from autoprofiler.profiling.ncu import (
     CountersNotPermitted,
     NcuNotFound,
@@ -276,7 +277,10 @@ FAKE_NCU = textwrap.dedent(
     if done.returncode != 0:
         print("==ERROR== The application returned an error code (%d)." % done.returncode)
         sys.exit(done.returncode)
-    json.dump({"job": job, "fixture": os.environ["FAKE_NCU_FIXTURE"]}, open(report, "w"))
+    fixture = os.environ["FAKE_NCU_FIXTURE"]
+    if "--replay-mode" in args and args[args.index("--replay-mode") + 1] == "range":
+        fixture = os.environ.get("FAKE_NCU_RANGE_FIXTURE", fixture)
+    json.dump({"job": job, "fixture": fixture}, open(report, "w"))
     print("==PROF== Disconnected from process 1")
     '''
 ).lstrip()
@@ -399,3 +403,33 @@ def test_batch_without_nvtx_stack_uses_renamed_kernels(fake_ncu, monkeypatch):
     assert first.kernels[0]["name"].startswith("sm80_xmma_gemm")  # the real names are kept
     exports = [c for c in map(json.loads, fake_ncu.read_text().splitlines()) if "-i" in c]
     assert [("--print-nvtx-rename" in e) for e in exports] == [False, True]
+
+
+def test_range_replay_for_tasks_with_many_kernels(fake_ncu, monkeypatch):
+    """range_replay_above: the root first (kernel replay: the kernel count), then the other groups with
+    --replay-mode range from the real range-replay capture; kernel table and count stay the root's."""
+    monkeypatch.setenv("FAKE_NCU_RANGE_FIXTURE", str(FIXTURES / "torch_linear_gelu_range_replay.csv"))
+    task = tiny_task("loop")
+    profiler = Profiler(source="ncu", device="cuda", task_size="small", range_replay_above=2)
+    profile = profiler.collect(task, ["root", "occupancy"])
+    calls = [json.loads(line) for line in fake_ncu.read_text().splitlines()]
+    runs = [c for c in calls if "-o" in c]
+    assert (
+        len(runs) == 2
+        and "--replay-mode" not in runs[0]
+        and runs[1][runs[1].index("--replay-mode") + 1] == "range"
+    )
+    assert runs[0][runs[0].index("--metrics") + 1].split(",") == ncu_request_metrics(["root"])
+    kernels = len(profile.kernels)
+    assert kernels > 2 and profile.metrics["derived__kernel_count"] == kernels  # the root's, not 1
+    ranged = parse_ncu_csv((FIXTURES / "torch_linear_gelu_range_replay.csv").read_text()).rows[0]
+    name = "launch__waves_per_multiprocessor"  # occupancy: the range row's value
+    assert profile.metrics[name] == pytest.approx(ranged[name])
+    root_passes = kernel_passes(parse_ncu_csv(read("torch_mix_three_metrics.csv")).rows)
+    assert profile.passes == root_passes + kernel_passes([ranged])  # both runs of this call
+    assert [r.groups for r in profiler.runs] == [("root",), ("occupancy",)]
+    fake_ncu.write_text("")
+    few = Profiler(source="ncu", device="cuda", task_size="small", range_replay_above=1000)
+    few.collect(tiny_task("short"), ["root", "occupancy"])
+    runs = [json.loads(line) for line in fake_ncu.read_text().splitlines() if '"-o"' in line]
+    assert len(runs) == 2 and not any("--replay-mode" in r for r in runs)  # few kernels: kernel replay

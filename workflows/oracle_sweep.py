@@ -58,6 +58,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="no profiling and no configuration rows: evaluate every rule action of every task (the replay "
         "environment derives each configuration's row from the recorded profiles and these)",
     )
+    p.add_argument(
+        "--range-replay-above",
+        type=int,
+        default=None,
+        help="ncu: tasks whose root shows more kernels than this get their other groups by range replay",
+    )
     p.add_argument("--joint-batch", type=int, default=8, help="tasks per joint profiled process (default 8)")
     p.add_argument("--max-seconds", type=float, default=None, help="stop starting new work after this long")
     p.add_argument("--analyse-only", action="store_true", help="no recording: analyse the existing tables")
@@ -98,7 +104,12 @@ def record_suite(args, tasks, out: Path) -> dict:
     ]
     if args.evaluate_only:
         groups = []
-    profiler = Profiler(source=args.source, device=args.device, task_size=args.task_size)
+    profiler = Profiler(
+        source=args.source,
+        device=args.device,
+        task_size=args.task_size,
+        range_replay_above=args.range_replay_above if args.source == "ncu" else None,
+    )
     config = EvalConfig(
         device=args.device,
         task_size=args.task_size,

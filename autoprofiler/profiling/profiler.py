@@ -42,12 +42,15 @@ from autoprofiler.profiling import ncu as ncu_mod
 from autoprofiler.profiling.cache import CacheEnvironment, ProfileCache
 from autoprofiler.profiling.groups import GROUPS, ncu_request_metrics, resolve_groups
 from autoprofiler.profiling.ncu import NoKernelsProfiled, ProfilerError, ProgramFailed
-from autoprofiler.profiling.profile import Profile, profile_from_kernels
+from autoprofiler.profiling.profile import DURATION_METRIC, Profile, profile_from_kernels
 from autoprofiler.profiling.torch_source import profile_from_torch_result
 
 log = logging.getLogger(__name__)
 
 SOURCES = ("ncu", "torch")
+KERNEL_COUNT = "derived__kernel_count"
+# Task-level values a range-replay row cannot know (it is one row for the whole range): the root's.
+ROOT_OWNED = (KERNEL_COUNT, DURATION_METRIC, "derived__launch_overhead_share")
 TASK_SIZES = ("full", "small")
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,6 +82,11 @@ class Profiler:
         warmup, timing_calls: forward calls before profiling, and timed calls for the wall time.
         nvtx_filter: ``"outer"`` (``--nvtx-include autoprofiler/``, the default) or ``"per_task"``
             (``--nvtx-include ap:<hash>/`` per task).
+        range_replay_above: ncu only; ``None`` (default) replays every kernel. Set (e.g. 64), a task whose
+            root group shows more kernels gets its other groups with ``--replay-mode range``: ncu replays
+            the task's whole NVTX range once per pass and reports range-level values (one row), instead
+            of replaying each of its kernels (a loop of 1,280 launches x 60 passes took over 9 minutes on
+            the H200). Its kernel table, kernel count and summed kernel time stay the root's.
     """
 
     def __init__(
@@ -97,6 +105,7 @@ class Profiler:
         warmup: int = 3,
         timing_calls: int = 5,
         nvtx_filter: str = "outer",
+        range_replay_above: int | None = None,
     ):
         if source not in SOURCES:
             raise ValueError(f"source={source!r}: expected one of {SOURCES}")
@@ -120,6 +129,9 @@ class Profiler:
         self.warmup = int(warmup)
         self.timing_calls = int(timing_calls)
         self.nvtx_filter = nvtx_filter
+        if range_replay_above is not None and int(range_replay_above) < 1:
+            raise ValueError(f"range_replay_above={range_replay_above!r}: expected None or >= 1 kernels")
+        self.range_replay_above = None if range_replay_above is None else int(range_replay_above)
         self._environment = environment
         self._memory: dict[str, Profile] = {}
         self.runs: list[RunRecord] = []
@@ -155,34 +167,35 @@ class Profiler:
         return self.collect_many([task], groups)[0]
 
     def collect_many(self, tasks, groups: Iterable[str]) -> list[Profile]:
-        """Batch mode: like :meth:`collect` for each task; tasks missing the same groups share a process."""
+        """Batch mode: like :meth:`collect` for each task; tasks missing the same groups share a process.
+
+        With ``range_replay_above`` set (ncu), a task whose root group shows more kernels than that gets
+        its other groups by range replay, alone in its process; a task missing the root and more first
+        gets the root (kernel replay) in a batch of its own, to learn its kernel count.
+        """
         tasks = list(tasks)
         wanted = resolve_groups(groups, source=self.source)
         cost: dict[str, tuple[int, float]] = {t.hash: (0, 0.0) for t in tasks}
-        pending: dict[tuple[str, ...], list] = {}
-        seen: set[str] = set()
-        for task in tasks:
-            if task.hash in seen:
-                continue
-            seen.add(task.hash)
-            missing = self._missing_after_cache(task.hash, wanted)
-            if missing:
-                pending.setdefault(missing, []).append(task)
+        unique = list({t.hash: t for t in tasks}.values())
         failures: dict[str, str] = {}
         first_error: ProfilerError | None = None
-        for missing, batch in pending.items():
-            try:
-                collected, errors = self._run_batch(batch, missing)
-            except ProfilerError as exc:
-                collected, errors = {}, {t.hash: exc for t in batch}
-            for task_hash, profile in collected.items():
-                cost[task_hash] = (profile.passes, profile.seconds)
-                self._remember(profile)
-                if self.cache is not None:
-                    self.cache.put(profile, self.environment)
-            for task_hash, exc in errors.items():
-                failures[task_hash] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-                first_error = first_error or exc
+        if self._range_replay_on() and "root" in wanted:
+            missing_now = {t.hash: self._missing_after_cache(t.hash, wanted) for t in unique}
+            first = [t for t in unique if len(missing_now[t.hash]) > 1 and "root" in missing_now[t.hash]]
+            if first:
+                first_error = self._collect_pending({(("root",), "kernel", ""): first}, cost, failures)
+        pending: dict[tuple[tuple[str, ...], str, str], list] = {}
+        for task in unique:
+            if task.hash in failures:
+                continue
+            missing = self._missing_after_cache(task.hash, wanted)
+            if not missing:
+                continue
+            if missing != ("root",) and self._wants_range_replay(task.hash):
+                pending.setdefault((missing, "range", task.hash), []).append(task)  # one task per process
+            else:
+                pending.setdefault((missing, "kernel", ""), []).append(task)
+        first_error = self._collect_pending(pending, cost, failures) or first_error
         if first_error is not None:
             first_error.failures = failures
             raise first_error
@@ -191,6 +204,51 @@ class Profiler:
             passes, seconds = cost[task.hash]
             out.append(replace(self._memory[task.hash], passes=passes, seconds=seconds))
         return out
+
+    def _collect_pending(self, pending: dict, cost: dict, failures: dict) -> ProfilerError | None:
+        """Run each batch of ``pending`` ((missing groups, replay mode, tag) -> tasks); add up the cost."""
+        first_error: ProfilerError | None = None
+        for (missing, replay, _), batch in pending.items():
+            try:
+                collected, errors = self._run_batch(batch, missing, replay=replay)
+            except ProfilerError as exc:
+                collected, errors = {}, {t.hash: exc for t in batch}
+            for task_hash, profile in collected.items():
+                passes, seconds = cost[task_hash]
+                cost[task_hash] = (passes + profile.passes, seconds + profile.seconds)
+                self._remember(profile)
+                if self.cache is not None:
+                    self.cache.put(profile, self.environment)
+            for task_hash, exc in errors.items():
+                failures[task_hash] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                first_error = first_error or exc
+        return first_error
+
+    # --- range replay (tasks with many kernels) -------------------------------------------------------
+    def _range_replay_on(self) -> bool:
+        return self.source == "ncu" and self.range_replay_above is not None
+
+    def _wants_range_replay(self, task_hash: str) -> bool:
+        held = self._memory.get(task_hash)
+        if not self._range_replay_on() or held is None:
+            return False
+        count = held.metrics.get(KERNEL_COUNT)
+        return isinstance(count, int | float) and count > self.range_replay_above
+
+    def _from_range(self, profile: Profile) -> Profile:
+        """A range-replay profile: range-level metrics; no kernel table; kernel count, summed kernel time
+        and launch overhead share taken from the task's kernel-replayed root (its range row knows none)."""
+        held = self._memory.get(profile.task_hash)
+        metrics = {k: v for k, v in profile.metrics.items() if k not in ROOT_OWNED}
+        for name in ROOT_OWNED:
+            if held is not None and name in held.metrics and name in profile.metrics:
+                metrics[name] = held.metrics[name]
+        return replace(profile, metrics=metrics, kernels=[])
+
+    def remember(self, profile: Profile) -> None:
+        """Hold an already collected profile (e.g. a recorded root group) as if this profiler had collected
+        it: its groups are not collected again, and its kernel count decides range replay."""
+        self._remember(replace(profile, passes=0, seconds=0.0))
 
     def forget(self, task_hash: str | None = None) -> None:
         """Drop in-memory profiles (all, or one task's); the cache is untouched."""
@@ -321,14 +379,17 @@ class Profiler:
         self.runs.append(RunRecord(tuple(t.hash for t in tasks), ("measure",), seconds, True))
         return {"seconds": seconds, "tasks": out}
 
-    def _run_batch(self, tasks, groups: tuple[str, ...]) -> tuple[dict[str, Profile], dict[str, Exception]]:
+    def _run_batch(
+        self, tasks, groups: tuple[str, ...], replay: str = "kernel"
+    ) -> tuple[dict[str, Profile], dict[str, Exception]]:
         """One process for ``tasks``; returns (profiles, per-task errors). Raises on whole-run failures."""
         start = time.monotonic()
         ok = False
         try:
-            tag = f"{'+'.join(groups)}__{'+'.join(t.hash for t in tasks)[:120]}"
+            tag = f"{'+'.join(groups)}__{replay}__{'+'.join(t.hash for t in tasks)[:120]}"
             metrics = ncu_request_metrics(groups) if self.source == "ncu" else None
-            table, result, seconds = self._execute(tasks, metrics, (), tag)
+            extra = ("--replay-mode", "range") if replay == "range" else ()
+            table, result, seconds = self._execute(tasks, metrics, extra, tag)
             seconds /= len(tasks)
             profiles, errors = {}, {}
             by_task = ncu_mod.split_by_task(table, [t.hash for t in tasks]) if table is not None else {}
@@ -355,6 +416,8 @@ class Profiler:
                         seconds=seconds,
                         device=self.environment.device,
                     )
+                    if replay == "range":
+                        profiles[task.hash] = self._from_range(profiles[task.hash])
                 else:
                     profiles[task.hash] = profile_from_torch_result(
                         task.hash,
