@@ -171,6 +171,23 @@ def test_timing_lock_is_held_only_while_timing(evaluator, matmul, tmp_path):
     assert ok.correct, ok.summary()
 
 
+def test_unusable_timing_lock_is_the_evaluators_error(evaluator, matmul, tmp_path):
+    """A timing lock the worker cannot open is an EvaluatorError (nothing to record), not the candidate's
+    runtime_error; a candidate raising the harness's own evaluator_error is classified like any error."""
+    from autoprofiler.evaluation import EvaluatorError
+
+    config = replace(BASE, timing_lock=str(tmp_path / "gone" / "gpu.lock"))  # its folder does not exist
+    with pytest.raises(EvaluatorError, match="timing lock"):
+        evaluator.evaluate(matmul, identity_candidate(matmul.source), config=config)
+    sneaky = (
+        "import torch.nn as nn\nfrom autoprofiler.evaluation._harness import Failure\n\n"
+        "class ModelNew(nn.Module):\n    def __init__(self, n):\n        super().__init__()\n\n"
+        "    def forward(self, x):\n        raise Failure('evaluator_error', 'not really')\n"
+    )
+    result = evaluator.evaluate(matmul, sneaky)
+    assert not result.correct and result.error_kind == "runtime_error", result.summary()
+
+
 def test_identity_result_fields(evaluator, matmul):
     """An identity candidate is correct, timed, with a speedup near 1 and a JSON-able result."""
     result = check_identity(evaluator, matmul)

@@ -76,7 +76,8 @@ CANDIDATE_MODULE = "_autoprofiler_candidate"
 
 
 class Failure(Exception):
-    """A classified outcome: ``kind`` is one of the evaluator's error kinds (or ``task_error``)."""
+    """A classified outcome: ``kind`` is one of the evaluator's error kinds (or ``task_error``, or
+    ``evaluator_error``: the evaluation machinery failed, e.g. the timing lock; the parent raises)."""
 
     def __init__(self, kind: str, message: str, compiled: bool = True):
         super().__init__(message)
@@ -444,8 +445,13 @@ class _Runner:
 
             # ---- timing ----
             self.phase("timing")
+            lock = _timing_lock(cfg.get("timing_lock"))
+            try:  # the evaluator's fault, not the candidate's: reported apart, never a candidate's error
+                lock.acquire()
+            except OSError as exc:
+                raise Failure("evaluator_error", f"timing lock: {_describe(exc)}") from exc
             try:
-                with _timing_lock(cfg.get("timing_lock")):
+                with lock:
                     cpu_before = thread_cpu_s(stray_threads(threads_before))
                     t_start = self.perf_counter()
                     ref_times, new_times, last = self.time_pair(
@@ -584,12 +590,15 @@ class _timing_lock:
         self.path = path
         self.fh = None
 
-    def __enter__(self):
-        if self.path:
+    def acquire(self) -> None:
+        if self.path and self.fh is None:
             import fcntl
 
             self.fh = open(self.path, "a")  # noqa: SIM115 - held across the block
             fcntl.flock(self.fh, fcntl.LOCK_EX)
+
+    def __enter__(self):
+        self.acquire()
         return self
 
     def __exit__(self, *exc):
@@ -631,8 +640,8 @@ def _describe(exc: BaseException, limit: int = 1200) -> str:
 
 def _classify(exc: BaseException, kind: str, where: str, compiled: bool = True) -> Failure:
     message = f"{where}: {_describe(exc)}"
-    if isinstance(exc, Failure):
-        return exc
+    if isinstance(exc, Failure) and exc.kind not in ("evaluator_error", "task_error"):
+        return exc  # (a candidate raising those two kinds itself is classified like any exception)
     if any(p in str(exc) for p in FATAL_CUDA_PATTERNS):
         return Failure("crashed", f"{where}: CUDA context lost: {_describe(exc)}", compiled=compiled)
     if isinstance(exc, (SystemExit, KeyboardInterrupt)):

@@ -207,7 +207,8 @@ class Evaluator:
 
         Raises:
             TaskError: the reference task failed to load or run in the worker.
-            EvaluatorError: no worker could start (environment problem).
+            EvaluatorError: no worker could start, or the machinery failed inside one (e.g. the
+                timing lock could not be opened): an environment problem, not the candidate's.
             ValueError: ``config`` differs from the Evaluator's in a spawn field.
         """
         cfg = config or self.config
@@ -259,6 +260,8 @@ class Evaluator:
         kind = raw.get("error_kind")
         if kind == "task_error":
             raise TaskError(f"task {task.id}: {raw.get('error')}")
+        if kind == "evaluator_error":  # not the candidate's fault: no result, so nothing is recorded
+            raise EvaluatorError(f"evaluating a candidate for {task.id}: {raw.get('error')}")
         details = dict(raw.get("details") or {})
         details.update(job_s=round(job_s, 3), pid=pid)
         result = EvalResult(
