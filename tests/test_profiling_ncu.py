@@ -420,6 +420,8 @@ def test_range_replay_for_tasks_with_many_kernels(fake_ncu, monkeypatch):
         and runs[1][runs[1].index("--replay-mode") + 1] == "range"
     )
     assert runs[0][runs[0].index("--metrics") + 1].split(",") == ncu_request_metrics(["root"])
+    includes = [run[i + 1] for run in runs for i, a in enumerate(run) if a == "--nvtx-include"]
+    assert includes == ["autoprofiler/", f"ap:{task.hash}/"]  # range replay: the task's own range only
     kernels = len(profile.kernels)
     assert kernels > 2 and profile.metrics["derived__kernel_count"] == kernels  # the root's, not 1
     ranged = parse_ncu_csv((FIXTURES / "torch_linear_gelu_range_replay.csv").read_text()).rows[0]

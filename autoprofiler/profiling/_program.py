@@ -162,7 +162,13 @@ def run_task(task: dict, job: dict, base: Path) -> dict:
         out["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters()) + sum(
             b.numel() * b.element_size() for b in model.buffers()
         )
-        if job["mode"] == "ncu":
+        if job["mode"] == "ncu" and job.get("range_replay"):  # one range, nothing but the launches in it
+            push, pop = _nvtx(device)
+            push(f"ap:{task['id']}")
+            model(*inputs)
+            pop()
+            _synchronize(device)
+        elif job["mode"] == "ncu":
             push, pop = _nvtx(device)
             push("autoprofiler")
             push(f"ap:{task['id']}")

@@ -278,7 +278,7 @@ class Profiler:
             )
         return tuple(missing)
 
-    def _job(self, workdir: Path, tasks) -> Path:
+    def _job(self, workdir: Path, tasks, replay: str = "kernel") -> Path:
         (workdir / "tasks").mkdir()
         entries = []
         for task in tasks:
@@ -293,6 +293,9 @@ class Profiler:
             "timing_calls": self.timing_calls,
             "result": "result.json",
             "tasks": entries,
+            # range replay replays the whole NVTX range: one range per task (no outer range around it),
+            # and the synchronize after it, outside (range replay supports only some CUDA calls inside)
+            "range_replay": replay == "range",
         }
         job_path = workdir / "job.json"
         job_path.write_text(json.dumps(job, indent=1))
@@ -315,8 +318,9 @@ class Profiler:
         """Run the program once for ``tasks``: (ncu table or None, program result, wall seconds)."""
         workdir = Path(tempfile.mkdtemp(prefix="autoprofiler-"))
         start = time.monotonic()
+        replay = "range" if "--replay-mode" in extra_args and "range" in extra_args else "kernel"
         try:
-            job_path = self._job(workdir, tasks)
+            job_path = self._job(workdir, tasks, replay)
             program = [self.python, "-m", "autoprofiler.profiling._program", str(job_path)]
             table = None
             if self.source == "ncu":
@@ -331,7 +335,7 @@ class Profiler:
                     name_ranges=len(tasks) > 1,
                     nvtx_includes=(
                         (ncu_mod.NVTX_OUTER_RANGE,)
-                        if self.nvtx_filter == "outer"
+                        if self.nvtx_filter == "outer" and replay == "kernel"
                         else tuple(f"{ncu_mod.TASK_RANGE_PREFIX}{t.hash}" for t in tasks)
                     ),
                 )
