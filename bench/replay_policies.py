@@ -1,0 +1,101 @@
+"""Per-task table of policies over a recorded suite, answered by the replay environment.
+
+What each policy would give on every task of a recording (no GPU: the profiles and every rule action's
+evaluation were recorded on the GPU; the rule rewriter's decision is re-run on the recorded metrics):
+    python bench/replay_policies.py datasets/h200_suite --out bench/results/seed_tree_h200_replay
+Policies: blind, the four fixed configurations, the seed tree, the per-task oracle. Tasks whose recording
+lacks a group are left out (listed), so every policy is judged on the same tasks. This is not a live
+`autoprofiler optimize` run: each (task, action) was evaluated once, during the recording.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from autoprofiler.analysis import evaluate_policies  # noqa: E402
+from autoprofiler.environments import ReplayEnvironment  # noqa: E402
+from autoprofiler.policies import Blind, Static, TreePolicy  # noqa: E402
+from autoprofiler.profiling import CONFIGURATIONS, GROUPS  # noqa: E402
+from autoprofiler.rewriters import RuleRewriter  # noqa: E402
+from autoprofiler.tasks import load_tasks  # noqa: E402
+from autoprofiler.tree import load_tree  # noqa: E402
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("recording", help="a recording folder (profiles/ + rewards/)")
+    p.add_argument("--tasks", default=str(ROOT / "datasets" / "suite"))
+    p.add_argument("--tree", default=str(ROOT / "trees" / "seed.json"))
+    p.add_argument("--source", default="ncu", choices=("ncu", "torch"))
+    p.add_argument("--out", required=True, help="output path stem (.md and .json are written)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.ERROR)
+
+    rewriter = RuleRewriter()
+    env = ReplayEnvironment.from_dir(args.recording, rewriter=rewriter, source=args.source)
+    tasks = [t for t in load_tasks(args.tasks).tasks if t.hash in env.recorded_tasks()]
+    have = {t.hash: env.profiler.recorded_groups(t) for t in tasks}
+    union = set().union(*have.values())
+    left_out = [t.id for t in tasks if union - have[t.hash]]
+    tasks = [t for t in tasks if not union - have[t.hash]]
+    names = [n for n in CONFIGURATIONS if n.startswith("torch_") == (args.source == "torch")]
+    tree = load_tree(args.tree, catalog=GROUPS)
+    policies = {
+        "blind": Blind(),
+        **{f"static:{n}": Static(n) for n in names},
+        "seed_tree": TreePolicy(tree, "seed_tree"),
+        "oracle": {n: tuple(CONFIGURATIONS[n]) for n in names},
+    }
+    rows, summary = evaluate_policies(tasks, policies, env, rewriter)
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "command": "python bench/replay_policies.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "rewriter": rewriter.identity,
+        "tree": args.tree,
+        "tasks": len(tasks),
+        "left_out": left_out,
+    }
+    data = {"meta": meta, "summary": summary, "rows": rows}
+    out.with_suffix(".json").write_text(json.dumps(data, indent=1, default=str))
+    cols = ["blind", *[f"static:{n}" for n in names], "seed_tree", "oracle"]
+    lines = [
+        f"# Policies on the recording `{args.recording}` (replay; rewriter {rewriter.identity})",
+        "",
+        f"`{meta['command']}`. {len(tasks)} tasks recorded with every group; left out (a group missing): "
+        f"{', '.join(left_out) or 'none'}. Each cell: the action the rule rewriter chose when shown that "
+        "policy's groups, and the recorded speedup of that action (effective: 1.0 when not correct). Not a "
+        "live `optimize` run: each (task, action) was evaluated once, during the recording.",
+        "",
+        "| policy | geomean speedup | accuracy | fast_1 | passes/task | profile s/task |",
+        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for c in cols:
+        s = summary[c]
+        lines.append(
+            f"| {c} | {s['geomean_speedup']:.3f} | {s['accuracy']:.2f} | {s['fast_1']:.2f} | "
+            f"{s['passes_per_task']:.1f} | {s['profile_seconds_per_task']:.1f} |"
+        )
+    by = {(r["policy"], r["task_id"]): r for r in rows}
+    lines += ["", "| task | seed leaf | " + " | ".join(cols) + " |", "| --- | --- |" + " --- |" * len(cols)]
+    for t in tasks:
+        cells = []
+        for c in cols:
+            r = by[(c, t.id)]
+            cells.append(f"{r['action'] or '-'} {r['effective_speedup']:.2f}")
+        lines.append(f"| {t.id} | {by[('seed_tree', t.id)]['leaf']} | " + " | ".join(cells) + " |")
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines[:12 + len(cols)]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
