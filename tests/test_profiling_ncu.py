@@ -435,3 +435,25 @@ def test_range_replay_for_tasks_with_many_kernels(fake_ncu, monkeypatch):
     few.collect(tiny_task("short"), ["root", "occupancy"])
     runs = [json.loads(line) for line in fake_ncu.read_text().splitlines() if '"-o"' in line]
     assert len(runs) == 2 and not any("--replay-mode" in r for r in runs)  # few kernels: kernel replay
+
+
+def test_recording_seeds_range_replay_from_a_recorded_root(fake_ncu, monkeypatch, tmp_path):
+    """A recording that already holds a task's root (e.g. from an earlier call) hands it to the profiler
+    (Profiler.remember), so the missing groups go straight to range replay: one ncu run, no root again."""
+    from autoprofiler.environments import LiveEnvironment
+    from autoprofiler.rewriters import RuleRewriter
+
+    monkeypatch.setenv("FAKE_NCU_RANGE_FIXTURE", str(FIXTURES / "torch_linear_gelu_range_replay.csv"))
+    task = tiny_task("recorded")
+    first = LiveEnvironment(
+        Profiler(source="ncu", device="cuda", task_size="small"), RuleRewriter(), None, tmp_path
+    )
+    assert first.prefetch([task], ["root"]) == []
+    first.close()
+    fake_ncu.write_text("")
+    profiler = Profiler(source="ncu", device="cuda", task_size="small", range_replay_above=2)
+    env = LiveEnvironment(profiler, RuleRewriter(), None, tmp_path)  # a new process: nothing in memory
+    assert env.prefetch([task], ["root", "occupancy"]) == []
+    runs = [json.loads(line) for line in fake_ncu.read_text().splitlines() if '"-o"' in line]
+    assert len(runs) == 1 and runs[0][runs[0].index("--replay-mode") + 1] == "range"
+    assert env.profiler.recorded.snapshot(task, ["occupancy"]).metrics["launch__waves_per_multiprocessor"] > 0
