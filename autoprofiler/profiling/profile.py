@@ -79,6 +79,9 @@ DERIVED_UNITS = {
 }
 
 
+_WARNED_KERNEL_LISTS: set[str] = set()
+
+
 @dataclass
 class Profile:
     """Metric values for one task.
@@ -148,10 +151,13 @@ class Profile:
                 for s, o in zip(self.kernels, other.kernels or [{}] * len(self.kernels), strict=True)
             ]
         else:
-            log.warning(
-                "task %s: kernel lists differ between runs; keeping the first run's kernel table",
-                self.task_hash,
-            )
+            if self.task_hash not in _WARNED_KERNEL_LISTS:  # once per task: replays merge often
+                _WARNED_KERNEL_LISTS.add(self.task_hash)
+                log.warning(
+                    "task %s: kernel lists differ between runs (e.g. cuDNN chose other kernels); keeping "
+                    "the first run's kernel table",
+                    self.task_hash,
+                )
             kernels = [dict(r) for r in self.kernels]
         return Profile(
             task_hash=self.task_hash,
