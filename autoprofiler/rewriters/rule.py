@@ -39,9 +39,9 @@ launch_bound_small_kernels     cuda_graph    [occupancy] launch share >= 0.5, >=
 single_small_launch            keep          [occupancy] launch share >= 0.5 with <= 2 kernels
 fp32_gemm_without_tensor_cores tf32          [tensor_cores] tolerance allows, tensor cores idle, SM >= 50%
 compute_bound_library_kernel   keep          [compute_pipes] SM >= 60%, <= 3 kernels, GEMM/conv > 50% of time
-conv_layout_transposes         channels_last [memory] nchwToNhwc/nhwcToNchw >= 5% of time with a conv kernel
+conv_layout_transposes         channels_last [DRAM bytes] layout kernels >= 5% of time, a conv kernel
 uncoalesced_loads              torch_compile [memory] loads use < 16 of 32 B per sector, GEMM/conv < 50%
-memory_bound_chain             torch_compile [memory] DRAM >= 40% over >= 2 kernels
+memory_bound_chain             torch_compile [DRAM bytes] DRAM >= 40% over >= 2 kernels
 single_kernel_at_bandwidth     keep          [memory] DRAM >= 60%, one kernel, loads >= 28 B per sector
 low_intensity_chain            torch_compile [flops] arithmetic intensity < 10 FLOP/B over >= 2 kernels
 high_intensity_few_kernels     keep          [flops] arithmetic intensity >= 50 FLOP/B, <= 3 kernels
@@ -53,7 +53,8 @@ torch_elementwise_chain        torch_compile torch__elementwise_time_share >= 0.
 torch_single_library_op        keep          torch__matmul_time_share >= 0.8, elementwise < 0.1
 ============================== ============= =====================================================
 
-Each ncu rule needs a metric of one group beyond the root and speed-of-light metrics (in brackets), so
+Each ncu rule needs a metric of a group beyond the root and speed-of-light metrics (in brackets; "DRAM
+bytes", ``dram__bytes_read.sum``, is in both the memory and the flops group), so
 what the rewriter can conclude depends on what was profiled, as it does for an LLM shown a profile:
 shown only the root, it takes the default; shown occupancy, it can see launch-bound work; shown memory,
 strided or chained traffic; shown compute pipes or tensor cores, library GEMMs; shown FLOP counts, the
@@ -327,7 +328,7 @@ TENSOR_SHARE = "derived__tensor_core_time_share"
 FMA_PIPE = "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"
 WAVES = "launch__waves_per_multiprocessor"
 INTENSITY = "derived__arithmetic_intensity"
-DRAM_READ = "dram__bytes_read.sum"  # memory and flops groups
+DRAM_READ = "dram__bytes_read.sum"  # in the memory and the flops group
 LOAD_BYTES_PER_SECTOR = "smsp__sass_average_data_bytes_per_sector_mem_global_op_ld.ratio"  # memory group
 # Kernels cuDNN launches to convert NCHW tensors for its NHWC (tensor-core) convolutions.
 LAYOUT_KERNELS = r"nchwToNhwc|nhwcToNchw|nchw_to_nhwc|nhwc_to_nchw"
