@@ -647,6 +647,7 @@ def _write_table(path: str, rows: list[dict], summary: dict, config: dict) -> No
 def _cmd_optimize(args) -> int:
     import datetime
     import json
+    from concurrent.futures import ThreadPoolExecutor
     from pathlib import Path
 
     from autoprofiler.evaluation import EvalConfig, Evaluator, EvaluatorError
@@ -701,23 +702,16 @@ def _cmd_optimize(args) -> int:
         rows = []
         try:
             spares = args.jobs if len(tasks) > 1 else 0
-            with Evaluator(eval_config, spares=spares) as evaluator:
-                if args.jobs == 1:
-                    for task, selection in zip(tasks, selections, strict=True):
-                        rows.append(_optimize_one(task, selection, rewriter, evaluator))
-                        if not args.json:
-                            print(_format_row(rows[-1]), flush=True)
-                else:
-                    from concurrent.futures import ThreadPoolExecutor
+            with Evaluator(eval_config, spares=spares) as evaluator, ThreadPoolExecutor(args.jobs) as pool:
 
-                    def one(pair):
-                        row = _optimize_one(*pair, rewriter, evaluator)
-                        if not args.json:
-                            print(_format_row(row), flush=True)
-                        return row
+                def one(pair):
+                    row = _optimize_one(*pair, rewriter, evaluator)
+                    if not args.json:
+                        print(_format_row(row), flush=True)
+                    return row
 
-                    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-                        rows = list(pool.map(one, zip(tasks, selections, strict=True)))
+                pairs = zip(tasks, selections, strict=True)
+                rows = list(map(one, pairs) if args.jobs == 1 else pool.map(one, pairs))
         except EvaluatorError as exc:
             raise _Stop(EXIT_ENVIRONMENT, str(exc)) from None
         finally:

@@ -741,6 +741,16 @@ class ReplayEnvironment(_EnvironmentBase):
         """Hashes of tasks that have at least one recorded profile group."""
         return {r["task_hash"] for r in self.profiles.rows()}
 
+    def fully_recorded(self, tasks: Sequence[Task]) -> tuple[list[Task], dict[str, list[str]]]:
+        """The recorded ``tasks`` that hold every group any of them holds, and, by task id, what the others
+        lack: judge policies on the first list only, so each one answers every task."""
+        recorded = self.recorded_tasks()
+        have = {t.hash: self.profiler.recorded_groups(t) for t in tasks if t.hash in recorded}
+        union = set().union(*have.values())
+        mine = [t for t in tasks if t.hash in have]
+        lacking = {t.id: sorted(union - have[t.hash]) for t in mine if union - have[t.hash]}
+        return [t for t in mine if t.id not in lacking], lacking
+
     def outcome(
         self, task: Task, configuration: str, rewriter: Any = None, seed: int = 0, round: int = 0
     ) -> dict:

@@ -40,11 +40,8 @@ def main(argv=None) -> int:
 
     rewriter = RuleRewriter()
     env = ReplayEnvironment.from_dir(args.recording, rewriter=rewriter, source=args.source)
-    tasks = [t for t in load_tasks(args.tasks).tasks if t.hash in env.recorded_tasks()]
-    have = {t.hash: env.profiler.recorded_groups(t) for t in tasks}
-    union = set().union(*have.values())
-    left_out = [t.id for t in tasks if union - have[t.hash]]
-    tasks = [t for t in tasks if not union - have[t.hash]]
+    tasks, lacking = env.fully_recorded(load_tasks(args.tasks).tasks)
+    left_out = list(lacking)
     names = [n for n in CONFIGURATIONS if n.startswith("torch_") == (args.source == "torch")]
     tree = load_tree(args.tree, catalog=GROUPS)
     policies = {

@@ -228,14 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     tasks, report = select_tasks(cfg)
     env, rewriter, close, kind = make_environment(cfg, out)
     if kind == "replay":  # judge every policy on the same tasks: those recorded with every group
-        recorded = env.recorded_tasks()
-        tasks = [t for t in tasks if t.hash in recorded]
-        have = {t.hash: env.profiler.recorded_groups(t) for t in tasks}
-        union = set().union(*have.values()) if have else set()
-        partial = [t for t in tasks if union - have[t.hash]]
-        for t in partial:
-            print(f"not used: {t.id} (recorded groups lack {sorted(union - have[t.hash])})", flush=True)
-        tasks = [t for t in tasks if not union - have[t.hash]]
+        tasks, lacking = env.fully_recorded(tasks)
+        for task_id, missing in lacking.items():
+            print(f"not used: {task_id} (recorded groups lack {missing})", flush=True)
     train, test = split_tasks(tasks, cfg["test_fraction"])
     if not test and len(train) > 1:
         test = [train.pop()]

@@ -314,11 +314,16 @@ class Profiler:
         self.capture_dir.mkdir(parents=True, exist_ok=True)
         (self.capture_dir / name).write_text(text)
 
-    def _execute(self, tasks, metrics: list[str] | None, extra_args: tuple[str, ...], tag: str) -> tuple:
-        """Run the program once for ``tasks``: (ncu table or None, program result, wall seconds)."""
+    def _execute(
+        self, tasks, metrics: list[str] | None, extra_args: tuple[str, ...], tag: str, replay: str = "kernel"
+    ) -> tuple:
+        """Run the program once for ``tasks``: (ncu table or None, program result, wall seconds).
+
+        ``replay="range"``: ncu with ``--replay-mode range`` over each task's own NVTX range."""
         workdir = Path(tempfile.mkdtemp(prefix="autoprofiler-"))
         start = time.monotonic()
-        replay = "range" if "--replay-mode" in extra_args and "range" in extra_args else "kernel"
+        if replay == "range":
+            extra_args = ("--replay-mode", "range", *extra_args)
         try:
             job_path = self._job(workdir, tasks, replay)
             program = [self.python, "-m", "autoprofiler.profiling._program", str(job_path)]
@@ -392,8 +397,7 @@ class Profiler:
         try:
             tag = f"{'+'.join(groups)}__{replay}__{'+'.join(t.hash for t in tasks)[:120]}"
             metrics = ncu_request_metrics(groups) if self.source == "ncu" else None
-            extra = ("--replay-mode", "range") if replay == "range" else ()
-            table, result, seconds = self._execute(tasks, metrics, extra, tag)
+            table, result, seconds = self._execute(tasks, metrics, (), tag, replay)
             seconds /= len(tasks)
             profiles, errors = {}, {}
             by_task = ncu_mod.split_by_task(table, [t.hash for t in tasks]) if table is not None else {}
