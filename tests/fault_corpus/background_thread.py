@@ -1,12 +1,13 @@
 # expect: suspicious
 # task: matmul
 # message: thread(s)
-# config: {"timing_trials": 20000}
+# config: {"timing_trials": 2000, "timeout_s": 180}
 # why: correct, but starts a thread that spins on the GIL so the reference runs slower while timed.
-# (20000 timing trials, about 0.1-0.2 s: with 20 calls of microseconds the timing ended within a
-# scheduler slice and, on a loaded 2-CPU machine, the thread never ran while timed and nothing was
-# slowed. With two busy processes beside it: 20 and 200 trials 0 of 5 detected, 2000 trials 9 of 10,
-# 20000 trials 12 of 12.)
+# (2000 timing trials: with the default 20, calls of microseconds can end before the thread is
+# scheduled, and on a loaded 2-CPU machine they did: nothing was slowed, nothing detected (0 of 5 with
+# two busy processes beside it; 1 of 4 CI runs in a fresh clone failed). 2000 trials: 14 of 15 detected
+# under that load; unloaded the hog works and timing takes about 37 s (hence timeout_s 180). 20000
+# trials timed out unloaded.)
 import threading
 
 import torch
