@@ -24,7 +24,8 @@ candidate that monkeypatches torch at import cannot change the answers it is com
   is finite, ``allclose`` with dtype tolerances and a relative-norm check (``wrong_output``); then the
   hack checks (``suspicious``): the candidate wrote into its inputs (when the reference does not), it
   called the reference ``Model``, it replaced a public torch function; after timing: Python threads it
-  started used CPU while the models were timed (a GIL hog slows the reference; idle pools are fine);
+  started used CPU while the models were timed, or are still executing its code when timing ends (a GIL
+  hog slows the reference; idle pools are fine);
 - timing: ``warmup`` calls each, then ``timing_trials`` interleaved pairs (the order alternates each
   pair), input sets rotated; on CUDA each timed call is preceded by an L2 flush (writing a 256 MB
   buffer) and timed with CUDA events where the end event is recorded only after a device-wide
@@ -73,6 +74,7 @@ BENIGN_PATCHES = frozenset({"torch.manual_seed"})
 
 TASK_MODULE = "_autoprofiler_reference_task"
 CANDIDATE_MODULE = "_autoprofiler_candidate"
+CANDIDATE_FILENAME = "<candidate>"  # the code object filename of everything the candidate defines
 
 
 class Failure(Exception):
@@ -404,7 +406,7 @@ class _Runner:
             model_cls, original_forward = self.guard_reference(Model)
             self.phase("loading the candidate")
             try:
-                cand = self.load_module(CANDIDATE_MODULE, job["candidate_source"], "<candidate>")
+                cand = self.load_module(CANDIDATE_MODULE, job["candidate_source"], CANDIDATE_FILENAME)
                 ModelNew = getattr(cand, "ModelNew", None)
                 if ModelNew is None:
                     raise Failure("compile_error", "the candidate module defines no ModelNew", compiled=False)
@@ -475,6 +477,9 @@ class _Runner:
                 )
             # Threads the candidate started (a GIL hog slows the reference down) count when they ran
             # while timed; idle ones (torch.compile's thread pool) do not.
+            # Two signs, either one enough: CPU time used while timed (a measurement: a hog the OS
+            # never scheduled in a short timing phase shows none), and the thread's own stack (a
+            # deterministic sign: it is executing the candidate's code, not waiting in a pool).
             stray = stray_threads(threads_before)
             cpu_after = thread_cpu_s(stray)
             busy = sum(cpu_after[t.ident] - cpu_before.get(t.ident, 0.0) for t in stray)
@@ -484,6 +489,14 @@ class _Runner:
                     "suspicious",
                     f"the candidate's Python thread(s) ({names}) used {busy:.2f} s of CPU during the "
                     f"{timing_wall:.2f} s of timing: they compete with the reference",
+                )
+            running = threads_in_candidate_code(stray)
+            if running:
+                names = ", ".join(t.name for t in running[:4])
+                raise Failure(
+                    "suspicious",
+                    f"the candidate's Python thread(s) ({names}) were still running the candidate's "
+                    "code when timing ended: they compete with the reference",
                 )
 
         ref_med, ref_iqr = median_iqr(ref_times)
@@ -570,6 +583,24 @@ class _Runner:
 def stray_threads(before: set) -> list[threading.Thread]:
     """Live Python threads whose ident is not in ``before``."""
     return [t for t in threading.enumerate() if t.ident not in before and t.is_alive()]
+
+
+def threads_in_candidate_code(threads: list[threading.Thread], samples: int = 3) -> list[threading.Thread]:
+    """Threads whose innermost Python frame is in the candidate's source, in any of ``samples`` looks.
+
+    A thread spinning in (or sleeping inside) the candidate's own functions is caught; a pool thread
+    waiting in ``threading``/``queue`` code (torch.compile's, Triton's) is not, whatever it ran before.
+    """
+    found = {}
+    for i in range(samples):
+        frames = sys._current_frames()
+        for t in threads:
+            frame = frames.get(t.ident)
+            if frame is not None and frame.f_code.co_filename == CANDIDATE_FILENAME:
+                found[t.ident] = t
+        if i + 1 < samples:
+            time.sleep(0.005)
+    return list(found.values())
 
 
 def thread_cpu_s(threads: list[threading.Thread]) -> dict[int, float]:

@@ -1,13 +1,12 @@
 # expect: suspicious
 # task: matmul
 # message: thread(s)
-# config: {"timing_trials": 2000, "timeout_s": 180}
 # why: correct, but starts a thread that spins on the GIL so the reference runs slower while timed.
-# (2000 timing trials: with the default 20, calls of microseconds can end before the thread is
-# scheduled, and on a loaded 2-CPU machine they did: nothing was slowed, nothing detected (0 of 5 with
-# two busy processes beside it; 1 of 4 CI runs in a fresh clone failed). 2000 trials: 14 of 15 detected
-# under that load; unloaded the hog works and timing takes about 37 s (hence timeout_s 180). 20000
-# trials timed out unloaded.)
+# (The harness has two signs of such a thread: its CPU time while timed, and its stack at the end of
+# timing, inside the candidate's code. The first alone was a measurement: in 2 of 6 fresh-clone CI
+# runs on a loaded 2-CPU machine the timing phase ended before the OS scheduled the hog, and the case
+# came back correct. The second does not depend on scheduling: 8 of 8 detected, each by the stack
+# sign, with three `while True: pass` processes beside it on this 2-CPU machine, 20 timing trials.)
 import threading
 
 import torch
