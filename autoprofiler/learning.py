@@ -186,6 +186,9 @@ class LearnConfig:
             view and used for the acceptance test. Proposers pick candidates by their observed gain, so
             testing on the same tasks accepts noise far above the configured level (see the null test);
             0 tests on the tasks the proposer saw (the paper's literal protocol).
+        objective: what a paired gain is measured in (``rewards.OBJECTIVES``): ``reward`` (the paper's:
+            ``max(0, log speedup)`` when correct) or ``log_speedup`` (``log`` of the effective speedup,
+            unclipped: avoiding a slowdown counts, as it does in the geomean policies are judged by).
     """
 
     method: str = "t"
@@ -202,9 +205,13 @@ class LearnConfig:
     seeds: tuple[int, ...] = (0,)
     bonferroni: bool = False
     selection_fraction: float = 0.5
+    objective: str = "reward"
 
     def __post_init__(self):
         problems = []
+        if self.objective not in rewards.OBJECTIVES:
+            expected = sorted(rewards.OBJECTIVES)
+            problems.append(f"objective: expected one of {expected}, got {self.objective!r}")
         if self.method not in METHODS:
             problems.append(f"method: expected one of {METHODS}, got {self.method!r}")
         if not 0.5 <= self.confidence < 1.0:
@@ -734,11 +741,13 @@ class Learner:
             self.env.profiler.reset()
 
     def reward(self, task: Task, configuration: str) -> float:
-        """Mean reward over ``config.seeds`` of (task, configuration); memoized."""
+        """Mean value under ``config.objective`` over ``config.seeds`` of (task, configuration); memoized."""
         key = (task.hash, configuration)
         if key not in self._rewards:
             vals = [
-                rewards.reward(self.env.outcome(task, configuration, self.rewriter, seed, 0))
+                rewards.objective(
+                    self.env.outcome(task, configuration, self.rewriter, seed, 0), self.config.objective
+                )
                 for seed in self.config.seeds
             ]
             self._rewards[key] = sum(vals) / len(vals)

@@ -10,7 +10,12 @@ original. We use ``reward = max(0, log(speedup))`` for a correct candidate and `
 
 ``effective_speedup`` is the speedup a user gets: the candidate's when correct, else 1.0 (original kept).
 Note effective speedup is *not* clipped at 1.0 for correct-but-slower candidates: reports follow
-KernelBench and show the measured ratio; ``reward`` is what the learner maximizes.
+KernelBench and show the measured ratio; ``reward`` is what the learner maximizes by default.
+
+``OBJECTIVES`` names what the learner may maximize instead: ``log_speedup`` is ``log(effective
+speedup)``, unclipped, whose mean is the log of the geomean effective speedup that policies are judged
+by. Under ``reward`` a profile that turns a 0.2x rewrite into a 1.0x one gains nothing (both are 0);
+under ``log_speedup`` it gains log 5.
 """
 
 from __future__ import annotations
@@ -22,9 +27,11 @@ from typing import Any
 import pyarrow as pa
 
 __all__ = [
+    "OBJECTIVES",
     "REWARD_SCHEMA",
     "REWARD_KEY_COLUMNS",
     "effective_speedup",
+    "objective",
     "outcome_key",
     "reward",
     "speedup",
@@ -69,6 +76,26 @@ def effective_speedup(result: Any) -> float:
     if not correct or s is None or not s > 0:
         return 1.0
     return float(s)
+
+
+def log_speedup(result: Any) -> float:
+    """``log(effective_speedup)``: negative for a correct but slower candidate, 0 when not correct.
+
+    >>> round(log_speedup({"correct": True, "speedup": 0.5}), 4)
+    -0.6931
+    """
+    return math.log(effective_speedup(result))
+
+
+OBJECTIVES = {"reward": reward, "log_speedup": log_speedup}
+
+
+def objective(result: Any, name: str = "reward") -> float:
+    """The value of one outcome under the learner objective ``name`` (a key of ``OBJECTIVES``)."""
+    try:
+        return OBJECTIVES[name](result)
+    except KeyError:
+        raise ValueError(f"unknown objective {name!r}; expected one of {sorted(OBJECTIVES)}") from None
 
 
 REWARD_KEY_COLUMNS = ("task_hash", "configuration", "rewriter", "seed", "round")

@@ -182,6 +182,38 @@ def test_testing_on_the_proposers_tasks_inflates_false_accepts():
     assert a_same / d_same > max(0.15, 2 * a_sel / d_sel)
 
 
+class SlowdownEnvironment(NullEnvironment):
+    """Every rewrite is correct and slower: shown torch_launch about 0.98x (kept), otherwise about 0.49x."""
+
+    def outcome(self, task, configuration, rewriter=None, seed=0, round=0):
+        jitter = random.Random(f"{task.hash}:{configuration}").uniform(-0.01, 0.01)
+        s = 0.98 * math.exp(jitter) * (1.0 if "torch_launch" in configuration.split("+") else 0.5)
+        return {"reward": max(0.0, math.log(s)), "correct": True, "speedup": s, "effective_speedup": s}
+
+
+@pytest.mark.parametrize("objective", ["reward", "log_speedup"])
+def test_the_objective_decides_whether_avoiding_a_slowdown_counts(objective):
+    """Under the clipped reward a 0.5x -> 1.0x change gains nothing; under log_speedup it is accepted."""
+    tasks = [Task.from_source(f"slow/{i}", f"# slow task {i}") for i in range(16)]
+    learner = Learner(
+        SlowdownEnvironment(0),
+        tasks,
+        StatisticalProposer(),
+        LearnConfig(confidence=0.9, min_tasks=3, max_decisions=4, objective=objective),
+        catalog=GROUPS,
+        probe_configurations=PROBES,
+        groups=GROUP_NAMES,
+    )
+    learner.fit(lone_leaf_tree(("torch_root",)))
+    launch = [d for d in learner.decisions_ if "torch_launch" in (d["candidate"]["add_groups"] or [])]
+    assert launch, [d["description"] for d in learner.decisions_]
+    if objective == "reward":
+        assert not any(d["accepted"] for d in learner.decisions_)
+        assert all(d["stats"]["mean"] == 0.0 for d in launch)
+    else:
+        assert launch[0]["accepted"] and abs(launch[0]["stats"]["mean"] - math.log(2)) < 0.05
+
+
 # --- learning on the hand-made replay fixture ----------------------------------------------------------
 def test_fixture_split_accepted_useless_rewrites_rejected(env, tmp_path):
     """From a lone leaf: REWRITEs are rejected with logged statistics, the SPLIT by kernel kind accepted."""
@@ -340,5 +372,5 @@ def test_candidate_round_trips_through_json():
 def test_learn_config_collects_every_problem():
     """A bad config reports all its problems at once."""
     with pytest.raises(ValueError) as e:
-        LearnConfig(method="z", confidence=1.5, selection_fraction=1.0)
-    assert all(k in str(e.value) for k in ("method", "confidence", "selection_fraction"))
+        LearnConfig(method="z", confidence=1.5, selection_fraction=1.0, objective="speed")
+    assert all(k in str(e.value) for k in ("method", "confidence", "selection_fraction", "objective"))
