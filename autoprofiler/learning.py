@@ -350,7 +350,8 @@ class StatisticalProposer:
 
     REWRITE: each probe configuration C gives the candidate "add C minus the leaf's groups", and each
     single group g gives "add g"; they are ranked by the mean observed gain of C (for g: the best C that
-    contains g) over the leaf's incumbent on the leaf's tasks.
+    contains g) over the leaf's incumbent on the leaf's tasks. Additions the tree's
+    ``max_groups_per_leaf`` leaves no room for are not proposed (the tree would refuse them).
 
     SPLIT: for each feature and each threshold at ``split_quantiles`` of the leaf's tasks' values, each
     side takes the configuration with the highest total observed reward on it; the split is scored by how
@@ -371,12 +372,15 @@ class StatisticalProposer:
             common = [h for h in col if h in base]
             if common and c != ctx.incumbent:
                 gains[c] = sum(col[h] - base[h] for h in common) / len(common)
+        cap = ctx.tree.budget.max_groups_per_leaf
+        room = math.inf if cap is None else cap - len(ctx.groups)
         scored: dict[tuple[str, ...], float] = {}
         for c, gain in gains.items():
             add = tuple(g for g in c.split("+") if g and g not in ctx.groups)
             if add and all(g in ctx.groups_allowed for g in add):
-                scored[add] = max(scored.get(add, -math.inf), gain)
-                for g in add:
+                if len(add) <= room:
+                    scored[add] = max(scored.get(add, -math.inf), gain)
+                for g in add if room >= 1 else ():
                     scored[(g,)] = max(scored.get((g,), -math.inf), gain)
         ranked = sorted(scored.items(), key=lambda kv: (-kv[1], len(kv[0]), kv[0]))
         return [

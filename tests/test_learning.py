@@ -250,13 +250,39 @@ def test_only_tasks_on_the_changed_leaf_are_evaluated(env):
     assert ev["spent"] < ev["naive"] and 0 < ev["saved_fraction"] < 1
 
 
+class FixedProposer:
+    """Proposes the same REWRITE candidates on every leaf (as an LLM might, budget or not)."""
+
+    name = "fixed"
+
+    def __init__(self, *adds):
+        self.adds = adds
+
+    def propose(self, phase, ctx):
+        if phase != "REWRITE":
+            return []
+        return [Candidate("REWRITE", ctx.leaf, add_groups=tuple(a), proposer=self.name) for a in self.adds]
+
+
 def test_budget_refusals_are_logged_without_evaluation(env):
     """A REWRITE beyond max_groups_per_leaf is refused by the tree and logged as such."""
+    learner = make_learner(env, proposer=FixedProposer(["torch_launch"], ["torch_ops", "torch_flops"]))
+    learner.fit(lone_leaf_tree(max_groups=3))
+    refused = [d for d in learner.decisions_ if "refused by the tree" in d["reason"]]
+    assert [d["candidate"]["add_groups"] for d in refused] == [["torch_ops", "torch_flops"]]
+    assert all(d["evaluations"]["spent"] == 0 and d["stats"] is None for d in refused)
+
+
+def test_statistical_proposer_stays_within_the_leaf_budget(env):
+    """A full leaf gets no REWRITE proposals; one with room for one group gets single groups only."""
     learner = make_learner(env, max_rewrite_candidates=5)
     learner.fit(lone_leaf_tree(max_groups=2))
-    refused = [d for d in learner.decisions_ if "refused by the tree" in d["reason"]]
-    assert refused and all(d["evaluations"]["spent"] == 0 and d["stats"] is None for d in refused)
-    assert not any(d["accepted"] and d["operator"] == "REWRITE" for d in learner.decisions_)
+    assert not any("refused by the tree" in d["reason"] for d in learner.decisions_)
+    assert not any(d["operator"] == "REWRITE" and d["leaf"] == "all" for d in learner.decisions_)
+    learner = make_learner(env, max_rewrite_candidates=5)
+    learner.fit(lone_leaf_tree(max_groups=3))
+    adds = [d["candidate"]["add_groups"] for d in learner.decisions_ if d["operator"] == "REWRITE"]
+    assert adds and all(len(a) == 1 for a in adds)
 
 
 def test_resume_continues_from_the_last_decision(env, tmp_path):
