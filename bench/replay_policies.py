@@ -3,9 +3,11 @@
 What each policy would give on every task of a recording (no GPU: the profiles and every rule action's
 evaluation were recorded on the GPU; the rule rewriter's decision is re-run on the recorded metrics):
     python bench/replay_policies.py datasets/h200_suite --out bench/results/seed_tree_h200_replay
-Policies: blind, the four fixed configurations, the seed tree, the per-task oracle. Tasks whose recording
-lacks a group are left out (listed), so every policy is judged on the same tasks. This is not a live
-`autoprofiler optimize` run: each (task, action) was evaluated once, during the recording.
+Policies: blind, the four fixed configurations, the seed tree, the per-task oracle. The summary is over
+the tasks recorded with every group, so every policy is judged on the same tasks; a second table gives
+the tasks whose recording lacks a group, each cell answered where that policy's groups were recorded
+("n/a" otherwise). This is not a live `autoprofiler optimize` run: each (task, action) was evaluated
+once, during the recording.
 """
 
 from __future__ import annotations
@@ -40,8 +42,11 @@ def main(argv=None) -> int:
 
     rewriter = RuleRewriter()
     env = ReplayEnvironment.from_dir(args.recording, rewriter=rewriter, source=args.source)
-    tasks, lacking = env.fully_recorded(load_tasks(args.tasks).tasks)
+    suite = load_tasks(args.tasks).tasks
+    tasks, lacking = env.fully_recorded(suite)
     left_out = list(lacking)
+    recorded = env.recorded_tasks()
+    unrecorded = [t.id for t in suite if t.hash not in recorded]
     names = [n for n in CONFIGURATIONS if n.startswith("torch_") == (args.source == "torch")]
     tree = load_tree(args.tree, catalog=GROUPS)
     policies = {
@@ -51,6 +56,8 @@ def main(argv=None) -> int:
         "oracle": {n: tuple(CONFIGURATIONS[n]) for n in names},
     }
     rows, summary = evaluate_policies(tasks, policies, env, rewriter)
+    partial = [t for t in suite if t.id in lacking]
+    partial_rows, _ = evaluate_policies(partial, policies, env, rewriter) if partial else ([], {})
 
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -60,8 +67,9 @@ def main(argv=None) -> int:
         "tree": args.tree,
         "tasks": len(tasks),
         "left_out": left_out,
+        "not_recorded": unrecorded,
     }
-    data = {"meta": meta, "summary": summary, "rows": rows}
+    data = {"meta": meta, "summary": summary, "rows": rows, "partial_rows": partial_rows}
     out.with_suffix(".json").write_text(json.dumps(data, indent=1, default=str))
     cols = ["blind", *[f"static:{n}" for n in names], "seed_tree", "oracle"]
     lines = [
@@ -81,16 +89,38 @@ def main(argv=None) -> int:
             f"| {c} | {s['geomean_speedup']:.3f} | {s['accuracy']:.2f} | {s['fast_1']:.2f} | "
             f"{s['passes_per_task']:.1f} | {s['profile_seconds_per_task']:.1f} |"
         )
-    by = {(r["policy"], r["task_id"]): r for r in rows}
-    lines += ["", "| task | seed leaf | " + " | ".join(cols) + " |", "| --- | --- |" + " --- |" * len(cols)]
-    for t in tasks:
-        cells = []
-        for c in cols:
-            r = by[(c, t.id)]
-            cells.append(f"{r['action'] or '-'} {r['effective_speedup']:.2f}")
-        lines.append(f"| {t.id} | {by[('seed_tree', t.id)]['leaf']} | " + " | ".join(cells) + " |")
+
+    def table(task_list, table_rows):
+        by = {(r["policy"], r["task_id"]): r for r in table_rows}
+        out = ["| task | seed leaf | " + " | ".join(cols) + " |", "| --- | --- |" + " --- |" * len(cols)]
+        for t in task_list:
+            cells = []
+            for c in cols:
+                r = by[(c, t.id)]
+                cells.append("n/a" if r["missing"] else f"{r['action'] or '-'} {r['effective_speedup']:.2f}")
+            leaf = by[("seed_tree", t.id)]["leaf"] or "n/a"
+            out.append(f"| {t.id} | {leaf} | " + " | ".join(cells) + " |")
+        return out
+
+    lines += ["", *table(tasks, rows)]
+    if partial:
+        answered = {c: sum(1 for r in partial_rows if r["policy"] == c and not r["missing"]) for c in cols}
+        lines += [
+            "",
+            f"## The {len(partial)} tasks recorded without every group",
+            "",
+            "Cells answered where the policy's groups were recorded, else n/a; not in the summary above. "
+            "Answered per policy: " + ", ".join(f"{c} {n}/{len(partial)}" for c, n in answered.items()) + ".",
+            "",
+            *table(partial, partial_rows),
+        ]
+    if unrecorded:
+        lines += [
+            "",
+            f"No profile recorded ({len(unrecorded)}; policies cannot be replayed): {', '.join(unrecorded)}.",
+        ]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines[:12 + len(cols)]))
+    print("\n".join(lines[: 12 + len(cols)]))
     return 0
 
 
