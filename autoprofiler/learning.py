@@ -862,7 +862,7 @@ class Learner:
                 decision.index,
                 decision.candidate.describe(),
                 "ACCEPT" if decision.accepted else "reject",
-                decision.reason,
+                " ".join(decision.reason.split()),  # one log line; the JSON log keeps the reason as is
             )
         if self.out_dir is None:
             return
