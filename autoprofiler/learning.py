@@ -377,11 +377,11 @@ class StatisticalProposer:
         scored: dict[tuple[str, ...], float] = {}
         for c, gain in gains.items():
             add = tuple(g for g in c.split("+") if g and g not in ctx.groups)
-            if add and all(g in ctx.groups_allowed for g in add):
-                if len(add) <= room:
-                    scored[add] = max(scored.get(add, -math.inf), gain)
-                for g in add if room >= 1 else ():
-                    scored[(g,)] = max(scored.get((g,), -math.inf), gain)
+            if not add or not all(g in ctx.groups_allowed for g in add):
+                continue
+            fitting = ([add] if len(add) <= room else []) + ([(g,) for g in add] if room >= 1 else [])
+            for a in fitting:
+                scored[a] = max(scored.get(a, -math.inf), gain)
         ranked = sorted(scored.items(), key=lambda kv: (-kv[1], len(kv[0]), kv[0]))
         return [
             Candidate(

@@ -20,7 +20,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 
-VARIANTS = [  # (starting tree, extra overrides)
+VARIANTS = [  # (starting tree as a train.py override value, extra overrides); "lone:" is quoted for YAML
     ("trees/seed.json", []),
     ("trees/seed.json", ["learn.selection_fraction=0"]),
     ("trees/seed.json", ["learn.objective=log_speedup"]),
@@ -83,8 +83,9 @@ def main() -> None:
                 if b
                 else ("-", "", "", "")
             )
+            start = tree.strip('"')
             print(
-                f"| {tree.strip(chr(34))} | {' '.join(extra) or 'defaults'} | {r['decisions']} | "
+                f"| {start} | {' '.join(extra) or 'defaults'} | {r['decisions']} | "
                 f"{r['accepted']} | {stats[0]} | {stats[1]} | {stats[2]} | {stats[3]} | "
                 f"{r['learned']:.3f} | {r['static'][0]} {r['static'][1]:.3f} | {r['oracle']:.3f} |"
             )

@@ -475,11 +475,10 @@ class _Runner:
                 raise Failure(
                     "suspicious", "the candidate replaced torch functions: " + ", ".join(changed[:8])
                 )
-            # Threads the candidate started (a GIL hog slows the reference down) count when they ran
-            # while timed; idle ones (torch.compile's thread pool) do not.
-            # Two signs, either one enough: CPU time used while timed (a measurement: a hog the OS
-            # never scheduled in a short timing phase shows none), and the thread's own stack (a
-            # deterministic sign: it is executing the candidate's code, not waiting in a pool).
+            # Threads the candidate started (a GIL hog slows the reference down) count; idle ones
+            # (torch.compile's thread pool) do not. Two signs, either one enough: CPU time used while
+            # timed (a measurement: a hog the OS never scheduled in a short timing phase shows none),
+            # and the thread's own stack (deterministic: it is executing the candidate's code).
             stray = stray_threads(threads_before)
             cpu_after = thread_cpu_s(stray)
             busy = sum(cpu_after[t.ident] - cpu_before.get(t.ident, 0.0) for t in stray)
