@@ -30,8 +30,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from autoprofiler import rewards
-from autoprofiler.environments import MissingOutcome, MissingProfile, refinement_task
-from autoprofiler.tasks import Task
+from autoprofiler.cells import Cell, CellFailure, RewardRow
+from autoprofiler.environments import Environment, MissingOutcome, MissingProfile
+from autoprofiler.tasks import Task, refinement_task
 
 __all__ = [
     "FAST_P",
@@ -110,7 +111,7 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def _cost(env: Any, task: Task, groups: Iterable[str]) -> tuple[int, float]:
+def _cost(env: Environment, task: Task, groups: Iterable[str]) -> tuple[int, float]:
     try:
         return env.group_cost(task, groups)
     except UNANSWERABLE:
@@ -120,32 +121,54 @@ def _cost(env: Any, task: Task, groups: Iterable[str]) -> tuple[int, float]:
 def evaluate_policies(
     tasks: Sequence[Task],
     policies: Mapping[str, Any],
-    env: Any,
+    env: Environment,
     rewriter: Any = None,
     seeds: Sequence[int] = (0,),
 ) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """Run each policy on each task through ``env``; returns (rows, summary).
 
-    A policy is an object with ``select(task, profiler) -> Selection`` (Blind, Static, Random,
-    TreePolicy, ...), or an oracle: an object with ``configurations`` (name -> groups) and no ``select``
-    (or a plain mapping name -> groups), which takes per task the configuration with the highest reward
-    and pays for profiling all of them (analysis only).
+    A policy is a ``Policy`` (``select(task, profiler) -> Selection``: Blind, Static, Random,
+    TreePolicy, ...), or an oracle: a mapping name -> groups (or an ``Oracle`` policy), which takes per
+    task the configuration with the highest reward and pays for profiling all of them (analysis only).
+
+    Every policy first selects for every task (routing on the environment's profiles); then the cells
+    of all (policy, task, seed) go to the environment in one ``try_outcomes`` call, so a live
+    environment's workers evaluate them in parallel.
 
     Each row: policy, task_id, level, seed, configuration, leaf, action, correct, speedup,
     effective_speedup, reward, passes, profile_seconds, llm_calls, missing (the reason when the
     environment cannot answer the cell). ``summary[policy]`` holds ``summarize`` of its rows plus
     ``by_level``.
     """
-    rows: list[dict[str, Any]] = []
+    plans: list[tuple[dict[str, Any], list[tuple[str, Cell]]]] = []
     for name, policy in policies.items():
         configs = _oracle_configs(policy)
-        for task in tasks:  # map over (policy, task): the shape a Ray fan-out takes later
+        for task in tasks:
             for seed in seeds:
-                rows.append(
-                    _oracle_row(name, configs, task, env, rewriter, seed)
-                    if configs is not None
-                    else _policy_row(name, policy, task, env, rewriter, seed)
-                )
+                row = _base_row(name, task, seed)
+                if configs is not None:
+                    cells = [(c, env.cell(task, g, rewriter, seed)) for c, g in configs.items()]
+                    row["passes"], row["profile_seconds"] = _cost(
+                        env, task, {g for c in configs.values() for g in c}
+                    )
+                else:
+                    cells = _select(row, policy, task, env, rewriter, seed)
+                plans.append((row, cells))
+    cells = [cell for _, pairs in plans for _, cell in pairs]
+    results = dict(zip([c.key for c in cells], env.try_outcomes(cells), strict=True)) if cells else {}
+    rows = []
+    for row, pairs in plans:
+        outcomes = [(label, results[cell.key]) for label, cell in pairs]
+        missing = [r for _, r in outcomes if isinstance(r, CellFailure)]
+        if missing:
+            row["missing"] = missing[0].message
+        elif outcomes:
+            label, best = max(outcomes, key=lambda lr: (lr[1].reward, lr[1].effective_speedup))
+            if len(outcomes) > 1:  # an oracle: the leaf names the configuration it took
+                row["leaf"] = label
+            row["configuration"] = best.configuration
+            _fill(row, best)
+        rows.append(row)
     summary: dict[str, Any] = {}
     for name in policies:
         mine = [r for r in rows if r["policy"] == name]
@@ -157,15 +180,27 @@ def evaluate_policies(
     return rows, summary
 
 
+def _select(row: dict[str, Any], policy: Any, task: Task, env: Environment, rewriter: Any, seed: int):
+    """The policy's selection for ``task`` (its cost and leaf into ``row``); [(leaf, cell)] or []."""
+    env.profiler.reset()  # each (policy, task) pays for its own profiling
+    try:
+        sel = policy.select(task, env.profiler)
+    except UNANSWERABLE as e:
+        row["missing"] = str(e)
+        return []
+    collected = sorted(sel.profile.groups) if sel.profile is not None else []
+    row["configuration"], row["leaf"] = rewards.configuration_name(sel.groups), sel.leaf
+    row["passes"], row["profile_seconds"] = _cost(env, task, collected)
+    return [(sel.leaf, env.cell(task, sel.groups, rewriter, seed, policy=row["policy"]))]
+
+
 def _oracle_configs(policy: Any) -> dict[str, tuple[str, ...]] | None:
+    from autoprofiler.policies import Oracle
+
     if isinstance(policy, Mapping):
         return {k: tuple(v) for k, v in policy.items()}
-    if not callable(getattr(policy, "select", None)) or getattr(policy, "is_oracle", False):
-        configs = getattr(policy, "configurations", None)
-        if configs is not None:
-            if not isinstance(configs, Mapping):
-                configs = {rewards.configuration_name(c): c for c in configs}
-            return {k: tuple(v) for k, v in configs.items()}
+    if isinstance(policy, Oracle):
+        return {k: tuple(v) for k, v in policy.configurations.items()}
     return None
 
 
@@ -190,46 +225,16 @@ def _base_row(name: str, task: Task, seed: int) -> dict[str, Any]:
     }
 
 
-def _fill(row: dict[str, Any], outcome: Mapping[str, Any]) -> dict[str, Any]:
-    for k in ("action", "correct", "speedup", "effective_speedup", "reward", "llm_calls", "error_kind"):
-        row[k] = outcome.get(k)
-    row["correct"] = bool(row["correct"])
-    row["llm_calls"] = int(row["llm_calls"] or 0)
-    return row
-
-
-def _policy_row(name: str, policy: Any, task: Task, env: Any, rewriter: Any, seed: int) -> dict[str, Any]:
-    row = _base_row(name, task, seed)
-    if hasattr(env.profiler, "reset"):
-        env.profiler.reset()  # each (policy, task) pays for its own profiling
-    try:
-        sel = policy.select(task, env.profiler)
-        config = rewards.configuration_name(sel.groups)
-        collected = sorted(sel.profile.groups) if sel.profile is not None else []
-        row.update(configuration=config, leaf=getattr(sel, "leaf", None))
-        row["passes"], row["profile_seconds"] = _cost(env, task, collected)
-        _fill(row, env.outcome(task, config, rewriter, seed, 0))
-    except UNANSWERABLE as e:
-        row["missing"] = str(e)
-    return row
-
-
-def _oracle_row(
-    name: str, configs: Mapping[str, Sequence[str]], task: Task, env: Any, rewriter: Any, seed: int
-) -> dict[str, Any]:
-    row = _base_row(name, task, seed)
-    best, best_key = None, None
-    try:
-        for cname, groups in configs.items():
-            out = env.outcome(task, rewards.configuration_name(groups), rewriter, seed, 0)
-            key = (out["reward"], out["effective_speedup"])
-            if best is None or key > best_key:
-                best, best_key, row["leaf"] = out, key, cname
-        row["configuration"] = best["configuration"]
-        _fill(row, best)
-        row["passes"], row["profile_seconds"] = _cost(env, task, {g for c in configs.values() for g in c})
-    except UNANSWERABLE as e:
-        row["missing"] = str(e)
+def _fill(row: dict[str, Any], outcome: RewardRow) -> dict[str, Any]:
+    row.update(
+        action=outcome.action,
+        correct=bool(outcome.correct),
+        speedup=outcome.speedup,
+        effective_speedup=outcome.effective_speedup,
+        reward=outcome.reward,
+        llm_calls=int(outcome.llm_calls or 0),
+        error_kind=outcome.error_kind,
+    )
     return row
 
 
@@ -237,36 +242,43 @@ def _oracle_row(
 def outcome_matrix(
     tasks: Sequence[Task],
     configurations: Mapping[str, Sequence[str]],
-    env: Any,
+    env: Environment,
     rewriter: Any = None,
     seed: int = 0,
 ) -> list[dict[str, Any]]:
-    """One row per (task, named configuration): the environment's outcome (or ``missing`` with why)."""
+    """One row per (task, named configuration): the environment's outcome (or ``missing`` with why).
+
+    Every cell goes to the environment in one call.
+    """
+    pairs = [
+        (task, name, env.cell(task, groups, rewriter, seed, policy=f"static:{name}"))
+        for task in tasks
+        for name, groups in configurations.items()
+    ]
+    results = env.try_outcomes([cell for _, _, cell in pairs]) if pairs else []
     out = []
-    for task in tasks:
-        for name, groups in configurations.items():  # map over (task, configuration)
-            base = {
-                "task_id": task.id,
-                "task_hash": task.hash,
-                "level": int(task.level),
-                "config_name": name,
-                "configuration": rewards.configuration_name(groups),
+    for (task, name, cell), o in zip(pairs, results, strict=True):
+        base = {
+            "task_id": task.id,
+            "task_hash": task.hash,
+            "level": int(task.level),
+            "config_name": name,
+            "configuration": cell.configuration,
+        }
+        if isinstance(o, CellFailure):
+            out.append({**base, "missing": o.message})
+            continue
+        out.append(
+            {
+                **base,
+                "action": o.action,
+                "correct": bool(o.correct),
+                "speedup": o.speedup,
+                "effective_speedup": o.effective_speedup,
+                "reward": o.reward,
+                "missing": "",
             }
-            try:
-                o = env.outcome(task, base["configuration"], rewriter, seed, 0)
-                out.append(
-                    {
-                        **base,
-                        "action": o.get("action"),
-                        "correct": bool(o.get("correct")),
-                        "speedup": o.get("speedup"),
-                        "effective_speedup": o["effective_speedup"],
-                        "reward": o["reward"],
-                        "missing": "",
-                    }
-                )
-            except UNANSWERABLE as e:
-                out.append({**base, "missing": str(e)})
+        )
     return out
 
 
@@ -338,7 +350,7 @@ def oracle_analysis(
 
 # --- iterative refinement ----------------------------------------------------------------------------
 def refine(
-    tasks: Sequence[Task], policy: Any, env: Any, rounds: int, rewriter: Any = None, seed: int = 0
+    tasks: Sequence[Task], policy: Any, env: Environment, rounds: int, rewriter: Any = None, seed: int = 0
 ) -> list[dict[str, Any]]:
     """Iterative refinement: per task, ``rounds`` rounds of profile -> route -> rewrite -> evaluate.
 
@@ -365,8 +377,7 @@ def refine(
                 "missing": "",
             }
             try:
-                if hasattr(env.profiler, "reset"):
-                    env.profiler.reset()
+                env.profiler.reset()
                 sel = policy.select(current, env.profiler)
                 config = rewards.configuration_name(sel.groups)
                 collected = sorted(sel.profile.groups) if sel.profile is not None else []
@@ -380,19 +391,19 @@ def refine(
                 )
                 out.append(row)
                 break
-            seconds += _cost(env, current, collected)[1] + float(o.get("eval_seconds") or 0.0)
-            calls += int(o.get("llm_calls") or 0)
-            improved = bool(o.get("correct")) and (o.get("speedup") or 0.0) > 1.0
+            seconds += _cost(env, current, collected)[1] + float(o.eval_seconds or 0.0)
+            calls += int(o.llm_calls or 0)
+            improved = bool(o.correct) and (o.speedup or 0.0) > 1.0
             if improved:
-                cumulative *= float(o["speedup"])
-                source = env.candidate_source(o["candidate_hash"]) if o.get("candidate_hash") else None
+                cumulative *= float(o.speedup)
+                source = env.candidate_source(o.candidate_hash) if o.candidate_hash else None
                 if source is not None:
                     current = refinement_task(task, source, r + 1)
             row.update(
                 configuration=config,
-                action=o.get("action"),
-                round_speedup=o.get("speedup"),
-                correct=bool(o.get("correct")),
+                action=o.action,
+                round_speedup=o.speedup,
+                correct=bool(o.correct),
                 cumulative_speedup=cumulative,
                 cumulative_seconds=seconds,
                 cumulative_llm_calls=calls,

@@ -53,8 +53,12 @@ def _add_eval(sub) -> None:
     p.add_argument("task", help="task file (.py defining Model, get_inputs, get_init_inputs)")
     p.add_argument("candidate", help="candidate file defining ModelNew, or 'identity'")
     p.add_argument("--device", default="auto", help="cpu | cuda | cuda:N | auto (cuda when available)")
-    p.add_argument("--size", choices=("auto", "full", "small"), default="auto",
-                   help="task size (AUTOPROFILER_TASK_SIZE); auto: full on CUDA, small on CPU")
+    p.add_argument(
+        "--size",
+        choices=("auto", "full", "small"),
+        default="auto",
+        help="task size (AUTOPROFILER_TASK_SIZE); auto: full on CUDA, small on CPU",
+    )
     p.add_argument("--trials", type=int, default=None, help="timing trials (default 100)")
     p.add_argument("--correctness-trials", type=int, default=None, help="correctness trials (default 5)")
     p.add_argument("--timeout", type=float, default=None, help="seconds for the job (default 300)")
@@ -138,21 +142,35 @@ def _add_profile(sub) -> None:
         "--groups torch_root,torch_ops --source torch",
     )
     p.add_argument("task", help="task file (.py defining Model, get_inputs, get_init_inputs)")
-    p.add_argument("--groups", default=None,
-                   help="comma-separated metric groups (default: the source's root group)")
-    p.add_argument("--config", default=None,
-                   help="a fixed configuration instead: algorithm|memory|latency|compute "
-                   "(torch_algorithm|... for --source torch)")
-    p.add_argument("--source", choices=("auto", "ncu", "torch"), default="auto",
-                   help="auto: ncu when it is on PATH, else torch")
-    p.add_argument("--device", default="auto",
-                   help="cpu | cuda | cuda:N | auto (cuda for ncu, else when available)")
-    p.add_argument("--size", choices=("auto", "full", "small"), default="auto",
-                   help="task size (AUTOPROFILER_TASK_SIZE); auto: full on CUDA, small on CPU")
+    p.add_argument(
+        "--groups", default=None, help="comma-separated metric groups (default: the source's root group)"
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        help="a fixed configuration instead: algorithm|memory|latency|compute "
+        "(torch_algorithm|... for --source torch)",
+    )
+    p.add_argument(
+        "--source",
+        choices=("auto", "ncu", "torch"),
+        default="auto",
+        help="auto: ncu when it is on PATH, else torch",
+    )
+    p.add_argument(
+        "--device", default="auto", help="cpu | cuda | cuda:N | auto (cuda for ncu, else when available)"
+    )
+    p.add_argument(
+        "--size",
+        choices=("auto", "full", "small"),
+        default="auto",
+        help="task size (AUTOPROFILER_TASK_SIZE); auto: full on CUDA, small on CPU",
+    )
     p.add_argument("--cache", default=None, help="ProfileCache directory (Parquet); none by default")
     p.add_argument("--ncu", default="ncu", help="ncu executable (default: ncu on PATH)")
-    p.add_argument("--timeout", type=float, default=600.0,
-                   help="seconds for the profiled process (default 600)")
+    p.add_argument(
+        "--timeout", type=float, default=600.0, help="seconds for the profiled process (default 600)"
+    )
     p.add_argument("--top-kernels", type=int, default=5, help="kernels (operators) listed by time")
     p.add_argument("--json", action="store_true", help="print the Profile as JSON")
     p.set_defaults(func=_cmd_profile)
@@ -352,7 +370,7 @@ def _recorded_profiler(recording: str, setup: dict):
     from pathlib import Path
 
     from autoprofiler.environments import RecordedProfiler
-    from autoprofiler.reward_table import ProfileTable
+    from autoprofiler.tables import ProfileTable
 
     table = Path(recording) / "profiles"
     if not table.is_dir():
@@ -362,11 +380,9 @@ def _recorded_profiler(recording: str, setup: dict):
 
 def _environment_errors() -> tuple[type, ...]:
     """Profiler errors that stop the whole command (no ncu, no counter permission): exit 3."""
-    from autoprofiler import profiling
+    from autoprofiler.profiling import CountersNotPermitted, NcuNotFound
 
-    return tuple(
-        getattr(profiling, n) for n in ("NcuNotFound", "CountersNotPermitted") if hasattr(profiling, n)
-    )
+    return (NcuNotFound, CountersNotPermitted)
 
 
 def _format_route(task, route, setup: dict) -> str:
@@ -500,87 +516,16 @@ def _make_rewriter(args):
         raise _Stop(EXIT_ENVIRONMENT, f"cannot set up the openai rewriter: {exc}") from None
 
 
-def _optimize_one(task, selection, rewriter, evaluator) -> dict:
-    """One task's selection (or its profiling failure) -> restrict -> rewrite -> evaluate, as a row."""
-    from autoprofiler.rewards import effective_speedup, reward
+def _summary(results) -> dict:
+    """KernelBench-style numbers over the tasks with a row (``analysis.summarize``); failures apart."""
+    from autoprofiler.analysis import summarize
+    from autoprofiler.optimize import result_row
 
-    row = {
-        "task": task.id,
-        "task_hash": task.hash,
-        "leaf": None,
-        "groups": "",
-        "passes": 0,
-        "profile_s": 0.0,
-        "action": "",
-        "compiled": False,
-        "correct": False,
-        "error_kind": None,
-        "error": "",
-        "ref_ms": None,
-        "new_ms": None,
-        "speedup": None,
-        "reward": 0.0,
-        "effective_speedup": 1.0,
-        "llm_calls": 0,
-        "prompt_tokens": 0,
-        "completion_tokens": 0,
-        "eval_s": 0.0,
-        "path": [],
-    }
-    if isinstance(selection, Exception):
-        row.update(error_kind="profile_error", error=f"{type(selection).__name__}: {selection}")
-        return row
-    row.update(
-        leaf=selection.leaf,
-        groups="+".join(selection.groups),
-        passes=selection.passes,
-        profile_s=round(selection.seconds, 3),
-        path=[list(step) for step in selection.trace],
-    )
-    rewrite = rewriter.rewrite(task, selection.shown_profile())
-    row.update(
-        action=rewrite.action,
-        llm_calls=rewrite.llm_calls,
-        prompt_tokens=rewrite.prompt_tokens,
-        completion_tokens=rewrite.completion_tokens,
-    )
-    if rewrite.source is None:
-        row.update(error_kind="rewrite_error", error=rewrite.error)
-        return row
-    result = evaluator.evaluate(task, rewrite.source)
-    row.update(
-        compiled=result.compiled,
-        correct=result.correct,
-        error_kind=result.error_kind,
-        error=result.error,
-        ref_ms=result.ref_ms,
-        new_ms=result.new_ms,
-        speedup=result.speedup,
-        reward=reward(result),
-        effective_speedup=effective_speedup(result),
-        eval_s=round(result.wall_s, 3),
-    )
-    return row
-
-
-def _summarize(rows: list[dict]) -> dict:
-    import math
-
-    n = len(rows)
-    eff = [r["effective_speedup"] for r in rows]
-    fast = lambda p: sum(r["correct"] and (r["speedup"] or 0) > p for r in rows) / n
-    return {
-        "tasks": n,
-        "correct": sum(r["correct"] for r in rows),
-        "accuracy": sum(r["correct"] for r in rows) / n,
-        "geomean_effective_speedup": math.exp(sum(math.log(e) for e in eff) / n),
-        "mean_reward": sum(r["reward"] for r in rows) / n,
-        "fast_1": fast(1.0),
-        "fast_1.5": fast(1.5),
-        "mean_passes": sum(r["passes"] for r in rows) / n,
-        "mean_profile_s": sum(r["profile_s"] for r in rows) / n,
-        "llm_calls": sum(r["llm_calls"] for r in rows),
-    }
+    rows = [result_row(r) for r in results]
+    answered = [{**r, "profile_seconds": r["profile_s"], "missing": ""} for r in rows if not r["failed"]]
+    summary = summarize(answered) if answered else {"tasks": 0}
+    summary["failed"] = len(rows) - len(answered)
+    return summary
 
 
 def _format_row(row: dict) -> str:
@@ -588,7 +533,7 @@ def _format_row(row: dict) -> str:
         outcome = f"correct, speedup {row['speedup']:.3f}x" if row["speedup"] else "correct"
     else:
         reason = (row["error"] or "").strip().splitlines()[:1]
-        outcome = f"{row['error_kind'] or 'incorrect'}: {reason[0][:80] if reason else ''}"
+        outcome = f"{row['error_kind'] or 'incorrect'}: {reason[0][:200] if reason else ''}"
     return (
         f"{row['task']:<40} leaf={row['leaf'] or '-':<10} groups={row['groups'] or '-'} "
         f"passes={row['passes']} profile={row['profile_s']:.1f}s action={row['action'] or '-'}  {outcome}"
@@ -596,11 +541,15 @@ def _format_row(row: dict) -> str:
 
 
 def _format_summary(s: dict) -> str:
+    failed = f"; {s['failed']} task(s) FAILED before evaluation (see above)" if s["failed"] else ""
+    if not s.get("tasks"):
+        return f"no task was evaluated{failed}"
     return (
-        f"{s['tasks']} tasks: correct {s['correct']}/{s['tasks']} ({s['accuracy']:.0%}), "
-        f"geomean effective speedup {s['geomean_effective_speedup']:.3f}x, fast_1 {s['fast_1']:.0%}, "
-        f"fast_1.5 {s['fast_1.5']:.0%}, mean passes {s['mean_passes']:.1f}, "
-        f"mean profile {s['mean_profile_s']:.1f} s, LLM calls {s['llm_calls']}"
+        f"{s['tasks']} tasks evaluated: correct {round(s['accuracy'] * s['tasks'])}/{s['tasks']} "
+        f"({s['accuracy']:.0%}), geomean effective speedup {s['geomean_speedup']:.3f}x, "
+        f"fast_1 {s['fast_1']:.0%}, fast_1.5 {s['fast_1.5']:.0%}, mean passes {s['passes_per_task']:.1f}, "
+        f"mean profile {s['profile_seconds_per_task']:.1f} s, "
+        f"LLM calls per task {s['llm_calls_per_task']:.2f}{failed}"
     )
 
 
@@ -613,20 +562,8 @@ def _write_table(path: str, rows: list[dict], summary: dict, config: dict) -> No
     if out.suffix == ".json":
         out.write_text(json.dumps({"config": config, "summary": summary, "rows": rows}, indent=2) + "\n")
         return
-    cols = [
-        "task",
-        "leaf",
-        "groups",
-        "passes",
-        "profile_s",
-        "action",
-        "correct",
-        "error_kind",
-        "ref_ms",
-        "new_ms",
-        "speedup",
-        "effective_speedup",
-    ]
+    cols = ["task", "leaf", "groups", "passes", "profile_s", "action", "correct", "error_kind", "ref_ms",
+            "new_ms", "speedup", "effective_speedup"]  # fmt: skip
     cell = lambda v: "" if v is None else (f"{v:.4g}" if isinstance(v, float) else str(v).replace("|", "/"))
     lines = [
         "# autoprofiler optimize",
@@ -644,13 +581,37 @@ def _write_table(path: str, rows: list[dict], summary: dict, config: dict) -> No
     out.write_text("\n".join(lines) + "\n")
 
 
+def _optimize_runner(args, setup: dict, rewriter, eval_options: dict):
+    """In this process for ``--jobs 1``; else one Ray worker evaluating ``--jobs`` candidates at once.
+
+    The tasks are profiled in this process (``policy.select_many``); the worker rewrites and evaluates.
+    """
+    from autoprofiler.runtime import CellWorker, LocalDriver, WorkerSpec
+
+    spec = WorkerSpec(
+        device=setup["device"],
+        task_size=setup["size"],
+        source=setup["source"],
+        eval=eval_options,
+        rewriter=args.rewriter,
+        llm={"base_url": args.base_url, "model": args.model},
+        rewriter_options={"target": args.target} if args.rewriter == "openai" else {},
+        concurrency=args.jobs,
+    )
+    if args.jobs == 1:
+        return LocalDriver(CellWorker(spec, rewriter=rewriter))
+    from autoprofiler.runtime.ray_driver import RayDriver, init_ray
+
+    init_ray()
+    return RayDriver.start(spec, num_workers=1, progress=None)
+
+
 def _cmd_optimize(args) -> int:
     import datetime
     import json
-    from concurrent.futures import ThreadPoolExecutor
-    from pathlib import Path
 
-    from autoprofiler.evaluation import EvalConfig, Evaluator, EvaluatorError
+    from autoprofiler.evaluation import EvalConfig, EvaluatorError
+    from autoprofiler.optimize import optimize, result_row
     from autoprofiler.policies import TreePolicy
 
     try:
@@ -667,15 +628,11 @@ def _cmd_optimize(args) -> int:
             profiler = _make_profiler(setup, args.cache)
         rewriter = _make_rewriter(args)
         policy = TreePolicy(setup["tree"])
-        overrides = {k: v for k, v in {"timing_trials": args.trials, "timeout_s": args.timeout}.items() if v}
-        lock_dir = None
-        if args.jobs > 1:  # several candidates at once: time them one at a time
-            import tempfile
-
-            lock_dir = tempfile.TemporaryDirectory(prefix="autoprofiler-optimize-")
-            overrides["timing_lock"] = str(Path(lock_dir.name) / "timing.lock")
+        eval_options = {
+            k: v for k, v in {"timing_trials": args.trials, "timeout_s": args.timeout}.items() if v
+        }
         try:
-            eval_config = EvalConfig(device=setup["device"], task_size=setup["size"], **overrides)
+            eval_config = EvalConfig(device=setup["device"], task_size=setup["size"], **eval_options)
         except ValueError as exc:
             raise _Stop(EXIT_BAD_INPUT, str(exc)) from None
         config = {
@@ -693,49 +650,40 @@ def _cmd_optimize(args) -> int:
             "eval": eval_config.to_dict(),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }
-        # Profile every task first (batched: a few profiled processes per tree level), then rewrite
-        # and evaluate one task at a time.
-        selections = policy.select_many(tasks, profiler)
-        for selection in selections:
-            if isinstance(selection, _environment_errors()):
-                raise _Stop(EXIT_ENVIRONMENT, str(selection))
-        rows = []
+        runner = _optimize_runner(args, setup, rewriter, eval_options)
         try:
-            spares = args.jobs if len(tasks) > 1 else 0
-            with Evaluator(eval_config, spares=spares) as evaluator, ThreadPoolExecutor(args.jobs) as pool:
-
-                def one(pair):
-                    row = _optimize_one(*pair, rewriter, evaluator)
-                    if not args.json:
-                        print(_format_row(row), flush=True)
-                    return row
-
-                pairs = zip(tasks, selections, strict=True)
-                rows = list(map(one, pairs) if args.jobs == 1 else pool.map(one, pairs))
+            results = optimize(tasks, policy, profiler, runner, rewriter)
         except EvaluatorError as exc:
             raise _Stop(EXIT_ENVIRONMENT, str(exc)) from None
+        except _environment_errors() as exc:
+            raise _Stop(EXIT_ENVIRONMENT, str(exc)) from None
         finally:
-            if lock_dir is not None:
-                lock_dir.cleanup()
+            runner.close()
     except _Stop as stop:
         print(f"error: {stop}", file=sys.stderr)
         return stop.code
-    summary = _summarize(rows)
+    rows = [result_row(r) for r in results]
+    summary = _summary(results)
     if args.json:
         print(
             json.dumps(
-                rows[0] if len(rows) == 1 else {"config": config, "summary": summary, "rows": rows}, indent=2
+                rows[0] if len(rows) == 1 else {"config": config, "summary": summary, "rows": rows},
+                indent=2,
+                default=str,
             )
         )
-    elif len(rows) > 1:
-        print(_format_summary(summary))
+    else:
+        for row in rows:
+            print(_format_row(row))
+        if len(rows) > 1:
+            print(_format_summary(summary))
     for out in args.out:
         _write_table(out, rows, summary, config)
         if not args.json:
             print(f"wrote {out}")
     if len(rows) == 1:
         return EXIT_OK if rows[0]["correct"] else EXIT_INCORRECT
-    return EXIT_OK
+    return EXIT_INCORRECT if summary["failed"] else EXIT_OK
 
 
 # -----------------------------------------------------------------------------------------------------

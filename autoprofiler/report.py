@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from autoprofiler.analysis import geomean, oracle_analysis
-from autoprofiler.reward_table import read_rows
+from autoprofiler.tables import read_table
 
 __all__ = ["build_report", "main", "matrix_from_rows"]
 
@@ -50,7 +50,7 @@ def matrix_from_rows(
     named = {configuration_name(groups): name for name, groups in CONFIGURATIONS.items()}
     out = []
     for r in rows:
-        if r["configuration"].startswith("action:") or r["round"] != 0 or r["seed"] != seed:
+        if r["kind"] == "action" or r["round"] != 0 or r["seed"] != seed:
             continue
         if rewriter is not None and r["rewriter"] != rewriter:
             continue
@@ -198,8 +198,10 @@ def build_report(
             f"expected a reward table at {rewards_dir} (a recording folder); it is not there"
         )
     out.mkdir(parents=True, exist_ok=True)
-    rows = read_rows(rewards_dir)
-    profiles = read_rows(table_dir / "profiles") if (table_dir / "profiles").is_dir() else []
+    rows = read_table(rewards_dir, "reward").to_pylist()
+    profiles = (
+        read_table(table_dir / "profiles", "profile").to_pylist() if (table_dir / "profiles").is_dir() else []
+    )
     run = Path(run_dir) if run_dir else None
     md = [f"# {title}\n", f"Tables: `{table_dir}`" + (f"; run: `{run}`" if run else "") + "\n"]
 
@@ -222,7 +224,7 @@ def build_report(
     )
 
     # --- rule actions
-    actions = [r for r in rows if r["configuration"].startswith("action:") and r["round"] == 0]
+    actions = [r for r in rows if r["kind"] == "action" and r["round"] == 0]
     if actions:
         md.append("## Rule actions (every action evaluated on every task)\n")
         by_action: dict[str, list[dict]] = defaultdict(list)
@@ -314,7 +316,7 @@ def build_report(
 
     # --- refinement from the tables (rounds > 0) when the run did not bring its own
     if not (run and (run / "refinement.json").exists()):
-        later = [r for r in rows if r["round"] > 0 and not r["configuration"].startswith("action:")]
+        later = [r for r in rows if r["round"] > 0 and r["kind"] != "action"]
         if later:
             md.append("## Rounds > 0 in the table\n")
             by_round = defaultdict(list)

@@ -30,6 +30,10 @@ __all__ = [
     "OBJECTIVES",
     "REWARD_SCHEMA",
     "REWARD_KEY_COLUMNS",
+    "CELL_KINDS",
+    "SCHEMA_VERSION",
+    "cell_key",
+    "configuration_name",
     "effective_speedup",
     "objective",
     "outcome_key",
@@ -98,7 +102,17 @@ def objective(result: Any, name: str = "reward") -> float:
         raise ValueError(f"unknown objective {name!r}; expected one of {sorted(OBJECTIVES)}") from None
 
 
-REWARD_KEY_COLUMNS = ("task_hash", "configuration", "rewriter", "seed", "round")
+REWARD_KEY_COLUMNS = ("task_hash", "kind", "configuration", "action", "rewriter", "seed", "round")
+
+#: What a reward row holds: the outcome of a *configuration* (the rewriter was shown these metric groups
+#: and chose what to write) or of an *action* (a rule rewriter's candidate for one named action, whatever
+#: a profile would say; configuration rows of a rule rewriter are derived from these).
+CELL_KINDS = ("configuration", "action")
+
+#: Version of the reward and profile table schemas, stored in every Parquet file's metadata
+#: (``autoprofiler.schema``) and checked on read. 2: row ``kind`` and ``action`` columns instead of
+#: ``action:<name>`` pseudo-configurations; provenance columns ``torch_version``, ``git_dirty``, ``worker``.
+SCHEMA_VERSION = 2
 
 
 def outcome_key(task_hash: str, configuration: str, rewriter: str, seed: int, round: int) -> str:
@@ -110,25 +124,43 @@ def outcome_key(task_hash: str, configuration: str, rewriter: str, seed: int, ro
     return hashlib.sha256(raw.encode()).hexdigest()[:24]
 
 
+def cell_key(task_hash: str, kind: str, configuration: str, action: str, rewriter: str, seed: int,
+             round: int) -> str:
+    """The reward-table key of a cell: ``outcome_key`` of its configuration, or of its action.
+
+    An action cell is keyed as the configuration ``action:<name>`` was in schema 1, so keys (and every
+    cache built on them) are the same in both schemas; the string lives only inside the hash.
+    """
+    if kind not in CELL_KINDS:
+        raise ValueError(f"kind: expected one of {CELL_KINDS}, got {kind!r}")
+    if kind == "action":
+        if not action or configuration:
+            raise ValueError(f"an action cell names an action and no configuration; got {action!r}, "
+                             f"{configuration!r}")
+        return outcome_key(task_hash, "action:" + action, rewriter, seed, round)
+    return outcome_key(task_hash, configuration, rewriter, seed, round)
+
+
 def configuration_name(groups) -> str:
     """Canonical name of a set of metric groups: sorted, joined by ``+``; ``""`` for none."""
     return "+".join(sorted(set(groups)))
 
 
-# One row per evaluated (task, configuration, rewriter, seed, round).
+# One row per evaluated cell: (task, kind, configuration or action, rewriter, seed, round).
 REWARD_SCHEMA = pa.schema(
     [
         ("key", pa.string()),
         ("task_id", pa.string()),
         ("task_hash", pa.string()),
         ("level", pa.int32()),
-        ("configuration", pa.string()),
-        ("policy", pa.string()),
+        ("kind", pa.string()),  # CELL_KINDS
+        ("configuration", pa.string()),  # groups shown ("" for none, and for action rows)
+        ("policy", pa.string()),  # what asked for it: "static:<configuration>", "action", a policy name
         ("rewriter", pa.string()),
         ("seed", pa.int64()),
         ("round", pa.int32()),
         # outcome
-        ("action", pa.string()),
+        ("action", pa.string()),  # the action of an action row; a rule rewriter's choice otherwise
         ("candidate_hash", pa.string()),
         ("compiled", pa.bool_()),
         ("correct", pa.bool_()),
@@ -151,8 +183,11 @@ REWARD_SCHEMA = pa.schema(
         ("profile_source", pa.string()),
         ("driver", pa.string()),
         ("ncu_version", pa.string()),
+        ("torch_version", pa.string()),
         ("git_sha", pa.string()),
+        ("git_dirty", pa.bool_()),
         ("run_id", pa.string()),
+        ("worker", pa.string()),
         ("created_at", pa.timestamp("s", tz="UTC")),
     ]
 )

@@ -443,3 +443,23 @@ def load_tasks(spec: str | Path) -> LoadReport:
             return load_kernelbench(path)
         return load_task_folder(path)
     raise TaskLoadError(path, "no such file or folder")
+
+
+def refinement_task(task: Task, candidate_source: str, round: int) -> Task:
+    """The program that round ``round`` optimizes: the best candidate so far, as a KernelBench task.
+
+    The candidate's ``ModelNew`` becomes ``Model``: when the candidate defines ``get_inputs`` itself, its
+    ``ModelNew`` tokens are renamed; otherwise the candidate is appended to the reference (which brings
+    ``get_inputs``/``get_init_inputs``) followed by ``Model = ModelNew``. The next round is then evaluated
+    against the previous best, and the speedup over the original is the product of the rounds'.
+    """
+    if re.search(r"^def\s+get_inputs\b", candidate_source, re.MULTILINE):
+        source = re.sub(r"\bModelNew\b", "Model", candidate_source)
+    else:
+        source = (
+            f"{task.source.rstrip()}\n\n# --- best candidate before round {round} ---\n"
+            f"{candidate_source.rstrip()}\n\nModel = ModelNew\n"
+        )
+    return Task.from_source(
+        f"{task.id}@r{round}", source, level=task.level, tags=task.tags, origin=task.origin
+    )

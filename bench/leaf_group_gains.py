@@ -50,9 +50,9 @@ def main(argv=None) -> int:
     ]
     for leaf, members in sorted(by_leaf.items()):
         base = sorted(tree.leaf(leaf).groups)
-        before = [env.outcome(t, "+".join(base))["reward"] for t in members]
+        before = [env.outcome(t, "+".join(base)).reward for t in members]
         for g in (g for g in groups if g not in base):
-            after = [env.outcome(t, "+".join(sorted([*base, g])))["reward"] for t in members]
+            after = [env.outcome(t, "+".join(sorted([*base, g]))).reward for t in members]
             diff = [b - a for a, b in zip(before, after, strict=True)]
             lines.append(
                 f"| {leaf} | {len(members)} | {'+'.join(base)} | {g} | {sum(diff) / len(diff):+.4f} | "

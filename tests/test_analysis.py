@@ -164,11 +164,11 @@ def test_report_from_the_tables(tmp_path):
     """The report CLI writes Markdown and PNGs from the reward table alone; a bad folder exits 2."""
     assert main([str(FIXTURE), "--out", str(tmp_path / "r"), "--tree", "trees/seed_torch.json"]) == 0
     text = (tmp_path / "r" / "report.md").read_text()
-    for heading in ("## Recorded data", "## Rule actions", "## Oracle sweep (rule-v1)", "## Tree"):
+    for heading in ("## Recorded data", "## Rule actions", "## Oracle sweep (rule-v2)", "## Tree"):
         assert heading in text
     assert "```mermaid" in text and "relative gain" in text
     pngs = {p.name for p in (tmp_path / "r").glob("*.png")}
-    assert {"oracle_wins_rule_v1.png", "static_speedup_rule_v1.png", "tree.png"} <= pngs
+    assert {"oracle_wins_rule_v2.png", "static_speedup_rule_v2.png", "tree.png"} <= pngs
     assert main([str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 2
 
 

@@ -11,7 +11,6 @@ from conftest import REPLAY_FIXTURE, load_replay_fixture
 
 from autoprofiler import rewards
 from autoprofiler.environments import (
-    ACTION_PREFIX,
     LiveEnvironment,
     MissingOutcome,
     MissingProfile,
@@ -19,14 +18,14 @@ from autoprofiler.environments import (
     ReplayEnvironment,
     derive_configuration_rows,
     record,
-    refinement_task,
 )
 from autoprofiler.evaluation import EvalResult
+from autoprofiler.profiling.cache import CacheEnvironment
 from autoprofiler.profiling.groups import CONFIGURATIONS, GROUPS
 from autoprofiler.profiling.profile import Profile
-from autoprofiler.reward_table import ProfileTable, RewardTable
 from autoprofiler.rewriters.rule import RuleRewriter
-from autoprofiler.tasks import Task, check_source
+from autoprofiler.tables import ProfileTable, RewardTable
+from autoprofiler.tasks import Task, check_source, refinement_task
 
 FIXTURE = REPLAY_FIXTURE
 
@@ -46,10 +45,20 @@ class FixtureProfiler:
     """Answers ``collect`` with the fixture's metrics; counts collections per (task, group)."""
 
     source = "torch"
+    environment = CacheEnvironment("cpu", "", "fixture")
 
     def __init__(self):
         self.calls: list[tuple[str, tuple[str, ...]]] = []
         self.index = {t.hash: i for i, t in enumerate(TASKS)}
+
+    def collect_many(self, tasks, groups):
+        return [self.collect(t, groups) for t in tasks]
+
+    def remember(self, profile):
+        pass
+
+    def forget(self, task_hash=None):
+        pass
 
     def collect(self, task, groups):
         groups = tuple(sorted(groups))
@@ -80,6 +89,9 @@ class ScriptedEvaluator:
         self.crash_after = crash_after
         self.index = {t.hash: i for i, t in enumerate(TASKS)}
 
+    def close(self):
+        pass
+
     def evaluate(self, task, source):
         if self.crash_after is not None and self.calls >= self.crash_after:
             raise Crash(f"simulated crash after {self.calls} evaluations")
@@ -107,7 +119,7 @@ def test_reward_table_appends_in_batches_and_keeps_each_key_once(tmp_path):
     other.append({"key": keys[0], "task_hash": "h", "speedup": 9.0})
     shutil.copy(next((tmp_path / "other").glob("part-*.parquet")), tmp_path / "part-zzzz-dup.parquet")
     again = RewardTable(tmp_path)
-    assert len(again) == 3 and again.duplicates_seen == 1 and again.get(keys[0])["speedup"] == 1.0
+    assert len(again) == 3 and again.duplicates_seen == 1 and again.get(keys[0]).speedup == 1.0
     again.dedupe()
     assert len(list(tmp_path.glob("part-*.parquet"))) == 1 and len(RewardTable(tmp_path)) == 3
 
@@ -122,24 +134,24 @@ def test_reward_table_rejects_unknown_columns(tmp_path):
 def test_replay_rule_rewriter_answers_every_configuration(replay):
     """The rule decision is re-run on recorded metrics restricted to the configuration."""
     root_memory = replay.outcome(ELEMENTWISE, "torch_memory+torch_root")
-    assert root_memory["action"] == "torch_compile" and root_memory["speedup"] == pytest.approx(1.30)
-    assert replay.outcome(MATMUL, "torch_memory+torch_root")["action"] == "keep"
+    assert root_memory.action == "torch_compile" and root_memory.speedup == pytest.approx(1.30)
+    assert replay.outcome(MATMUL, "torch_memory+torch_root").action == "keep"
     # showing torch_launch makes every task look launch-bound -> cuda_graph
     for t in (ELEMENTWISE, MATMUL):
-        assert replay.outcome(t, "torch_launch+torch_root")["action"] == "cuda_graph"
+        assert replay.outcome(t, "torch_launch+torch_root").action == "cuda_graph"
     # a configuration never recorded as such is still answerable; blind takes the default action
     row = replay.outcome(MATMUL, "torch_flops+torch_ops")
-    assert row["configuration"] == "torch_flops+torch_ops" and row["reward"] == 0.0
-    assert replay.outcome(MATMUL, "")["action"] == "torch_compile"
+    assert row.configuration == "torch_flops+torch_ops" and row.reward == 0.0
+    assert replay.outcome(MATMUL, "").action == "torch_compile"
     rid = RuleRewriter().identity
-    assert row["key"] == rewards.outcome_key(MATMUL.hash, "torch_flops+torch_ops", rid, 0, 0)
+    assert row.key == rewards.outcome_key(MATMUL.hash, "torch_flops+torch_ops", rid, 0, 0)
 
 
 def test_replay_costs_come_from_the_recording(replay):
     """profile_seconds of a row is the recorded cost of its configuration's groups."""
     row = replay.outcome(ELEMENTWISE, "torch_memory+torch_root")
     expected = sum(0.05 * (1 + len(GROUPS[g].metrics)) for g in ("torch_root", "torch_memory"))
-    assert row["profile_seconds"] == pytest.approx(expected)
+    assert row.profile_seconds == pytest.approx(expected)
 
 
 class NamedRewriter:
@@ -150,7 +162,7 @@ class NamedRewriter:
 def test_replay_llm_rewriter_answers_only_recorded_cells(replay):
     """A non-rule rewriter gets recorded cells; anything else is MissingOutcome naming the cell."""
     llm = NamedRewriter("fixture-llm")
-    assert replay.outcome(ELEMENTWISE, "torch_memory+torch_root", llm)["llm_calls"] == 1
+    assert replay.outcome(ELEMENTWISE, "torch_memory+torch_root", llm).llm_calls == 1
     with pytest.raises(MissingOutcome, match=r"fixture/fx_19.*'torch_memory\+torch_root'.*fixture-llm"):
         replay.outcome(MATMUL, "torch_memory+torch_root", llm)
 
@@ -216,8 +228,8 @@ def test_live_caches_by_action_and_never_computes_twice(tmp_path):
     _run(again, TASKS[:4])  # would raise Crash if anything were evaluated
     assert again.stats.from_table == 16
     rows = again.rows()
-    assert len(rows) == len({r["key"] for r in rows}) == 16 + 8  # configuration rows + action rows
-    assert sum(r["configuration"].startswith(ACTION_PREFIX) for r in rows) == 8
+    assert len(rows) == len({r.key for r in rows}) == 16 + 8  # configuration rows + action rows
+    assert sum(r.kind == "action" for r in rows) == 8
 
 
 def test_live_crash_then_resume_produces_each_key_exactly_once(tmp_path):
@@ -234,11 +246,11 @@ def test_live_crash_then_resume_produces_each_key_exactly_once(tmp_path):
     resumed = LiveEnvironment(FixtureProfiler(), RuleRewriter(), ev, tmp_path)
     _run(resumed, TASKS)
     resumed.close()
-    done_actions = {r["key"] for r in survived.rows() if r["configuration"].startswith(ACTION_PREFIX)}
+    done_actions = {r.key for r in survived.rows() if r.kind == "action"}
     assert ev.calls == 2 * N - len(done_actions)  # N tasks x 2 distinct actions, minus those saved before
     final = RewardTable(tmp_path / "rewards")
     assert final.duplicates_seen == 0
-    keys = [r["key"] for r in final.rows()]
+    keys = [r.key for r in final.rows()]
     assert len(keys) == len(set(keys)) == N * len(CONFIGS) + 2 * N
     expected = {rewards.outcome_key(t.hash, c, RuleRewriter().identity, 0, 0) for t in TASKS for c in CONFIGS}
     assert expected <= set(keys)
@@ -255,8 +267,8 @@ def test_record_then_replay_answers_the_same(tmp_path):
     rep = ReplayEnvironment.from_dir(tmp_path, rewriter=RuleRewriter(), source="torch")
     rep_row = rep.outcome(TASKS[1], "torch_launch+torch_root")
     for k in ("key", "action", "speedup", "reward", "profile_seconds", "candidate_hash"):
-        assert rep_row[k] == live_row[k], k
-    assert rep.candidate_source(rep_row["candidate_hash"]).count("class ModelNew") == 1
+        assert getattr(rep_row, k) == getattr(live_row, k), k
+    assert rep.candidate_source(rep_row.candidate_hash).count("class ModelNew") == 1
 
 
 def test_refinement_task_is_a_loadable_task():
@@ -328,19 +340,19 @@ def test_live_ncu_record_then_replay_on_the_gpu(tmp_path):
     live_row = RewardTable(tmp_path / "rewards").get(live_key)
     rep = ReplayEnvironment.from_dir(tmp_path, rewriter=RuleRewriter(), source="ncu")
     row = rep.outcome(task, config)
-    assert row["action"] == live_row["action"] and row["speedup"] == live_row["speedup"]
-    assert row["device"] and row["device"] != "cpu"
+    assert row.action == live_row.action and row.speedup == live_row.speedup
+    assert row.device and row.device != "cpu"
 
 
 def test_joint_record_resumes_asking_only_for_missing_groups(tmp_path):
-    """record(joint=True) after a partial recording batches each distinct missing set once, jobs=3."""
+    """record(joint=True) after a partial recording batches each distinct missing set once."""
     groups = list(fx.RECORDED_GROUPS)
     first = LiveEnvironment(BatchProfiler(), RuleRewriter(), ScriptedEvaluator(), tmp_path)
     first.prefetch(TASKS[:2], groups[:2])  # a recording stopped after two groups for two tasks
     first.close()
     prof = BatchProfiler()
     env = LiveEnvironment(prof, RuleRewriter(), ScriptedEvaluator(), tmp_path)
-    summary = record(TASKS[:4], env, groups, joint=True, jobs=3)
+    summary = record(TASKS[:4], env, groups, joint=True)
     assert summary["complete"] and summary["failures"] == []
     assert sorted((sorted(h), g) for h, g in prof.batches) == sorted(
         [
@@ -350,7 +362,7 @@ def test_joint_record_resumes_asking_only_for_missing_groups(tmp_path):
     )
     assert summary["profile_rows"] == 4 * len(groups)
     assert summary["evaluations"] == 4 * len(RuleRewriter.actions())
-    keys = [r["key"] for r in RewardTable(tmp_path / "rewards").rows()]
+    keys = [r.key for r in RewardTable(tmp_path / "rewards").rows()]
     assert len(keys) == len(set(keys)) == 4 * len(RuleRewriter.actions())
 
 
@@ -373,7 +385,7 @@ def test_derive_configuration_rows_from_actions_and_profiles(tmp_path):
     rule rewriter implies is written once, equal to the replayed outcome; a task missing a group is listed."""
     shutil.copytree(REPLAY_FIXTURE, tmp_path / "rec")
     rewards_dir = tmp_path / "rec" / "rewards"
-    actions = [r for r in RewardTable(rewards_dir).rows() if r["configuration"].startswith("action:")]
+    actions = [r for r in RewardTable(rewards_dir).rows() if r.kind == "action"]
     shutil.rmtree(rewards_dir)
     table = RewardTable(rewards_dir)
     table.extend(actions)
@@ -381,14 +393,14 @@ def test_derive_configuration_rows_from_actions_and_profiles(tmp_path):
     env = ReplayEnvironment.from_dir(tmp_path / "rec", rewriter=RuleRewriter(), source="torch")
     configs = {k: v for k, v in CONFIGURATIONS.items() if k.startswith("torch_")}
     stranger = Task.from_source("fixture/unrecorded", TASKS[0].source + "\n# another task\n")
-    result = derive_configuration_rows(env, [*TASKS, stranger], configs)
+    result = derive_configuration_rows(env, [*TASKS, stranger], configs, into=RewardTable(rewards_dir))
     assert result["written"] == len(TASKS) * len(configs)
     assert {m["task_id"] for m in result["missing"]} == {"fixture/unrecorded"}
     again = ReplayEnvironment.from_dir(tmp_path / "rec", rewriter=RuleRewriter(), source="torch")
-    assert derive_configuration_rows(again, TASKS, configs)["written"] == 0
+    assert derive_configuration_rows(again, TASKS, configs, into=RewardTable(rewards_dir))["written"] == 0
     cfg = rewards.configuration_name(configs["torch_memory"])
-    row = again.rewards.get(rewards.outcome_key(TASKS[3].hash, cfg, RuleRewriter().identity, 0, 0))
-    assert row is not None and row["action"] == again.outcome(TASKS[3], cfg)["action"]
+    row = RewardTable(rewards_dir).get(rewards.outcome_key(TASKS[3].hash, cfg, RuleRewriter().identity, 0, 0))
+    assert row is not None and row.action == again.outcome(TASKS[3], cfg).action
 
 
 def test_relative_timing_lock_becomes_absolute():

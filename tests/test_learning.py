@@ -10,6 +10,7 @@ import random
 import pytest
 from conftest import REPLAY_FIXTURE, load_replay_fixture
 
+from autoprofiler.cells import Cell, RewardRow
 from autoprofiler.environments import ReplayEnvironment
 from autoprofiler.learning import (
     Candidate,
@@ -124,7 +125,11 @@ def test_null_false_accept_rate_of_the_paired_test(method, n):
 
 # --- the null, through the whole learner ---------------------------------------------------------------
 class NullEnvironment:
-    """Every (task, configuration) reward is an independent draw from one distribution (the null)."""
+    """Every (task, configuration) reward is an independent draw from one distribution (the null).
+
+    A stand-in for ``Environment`` with what the learner uses: ``cell``, ``outcomes``, ``prefetch``,
+    ``profile`` and ``profiler.reset``.
+    """
 
     class _Profiler:
         def reset(self):
@@ -134,17 +139,26 @@ class NullEnvironment:
         self.run = run
         self.profiler = self._Profiler()
 
+    def prefetch(self, tasks, groups):
+        return []
+
     def profile(self, task, groups):
         rng = random.Random(f"{self.run}:{task.hash}")
         names = {m for g in groups for m in GROUPS[g].metrics}
         return Profile(task.hash, "torch", frozenset(groups), {m: rng.random() for m in names})
 
-    def outcome(self, task, configuration, rewriter=None, seed=0, round=0):
+    def cell(self, task, configuration, rewriter=None, seed=0, round=0, policy=""):
+        return Cell(task, tuple(g for g in configuration.split("+") if g), "null", seed, round, policy=policy)
+
+    def outcomes(self, cells):
+        return [self.row(c) for c in cells]
+
+    def row(self, cell):
         rng = random.Random(
-            hashlib.sha256(f"{self.run}:{task.hash}:{configuration}:{seed}".encode()).digest()
+            hashlib.sha256(f"{self.run}:{cell.task.hash}:{cell.configuration}:{cell.seed}".encode()).digest()
         )
         r = _null_reward(rng)
-        return {"reward": r, "correct": r > 0, "speedup": math.exp(r), "effective_speedup": math.exp(r)}
+        return RewardRow.build(cell, correct=r > 0, speedup=math.exp(r))
 
 
 def _null_runs(runs: int, **config) -> tuple[int, int]:
@@ -185,10 +199,24 @@ def test_testing_on_the_proposers_tasks_inflates_false_accepts():
 class SlowdownEnvironment(NullEnvironment):
     """Every rewrite is correct and slower: shown torch_launch about 0.98x (kept), otherwise about 0.49x."""
 
-    def outcome(self, task, configuration, rewriter=None, seed=0, round=0):
-        jitter = random.Random(f"{task.hash}:{configuration}").uniform(-0.01, 0.01)
-        s = 0.98 * math.exp(jitter) * (1.0 if "torch_launch" in configuration.split("+") else 0.5)
-        return {"reward": max(0.0, math.log(s)), "correct": True, "speedup": s, "effective_speedup": s}
+    def row(self, cell):
+        jitter = random.Random(f"{cell.task.hash}:{cell.configuration}").uniform(-0.01, 0.01)
+        s = 0.98 * math.exp(jitter) * (1.0 if "torch_launch" in cell.groups else 0.5)
+        return RewardRow.build(cell, correct=True, speedup=s)
+
+
+def test_a_batch_averages_each_configuration_over_its_own_seeds():
+    """One batch of many (task, configuration) pairs gives each the mean over its seeds, as one at a time."""
+    env = NullEnvironment(0)
+    tasks = [Task.from_source(f"null/{i}", f"# null task {i}") for i in range(4)]
+    pairs = [(t, c) for t in tasks for c in ("torch_root", "torch_launch+torch_root", "")]
+    learner = Learner(env, tasks, StatisticalProposer(), LearnConfig(seeds=(0, 1, 2)))
+    batched = learner.evaluate(pairs)
+    assert learner.evaluations_["new_cells"] == len(pairs) * 3
+    for (t, c), value in zip(pairs, batched, strict=True):
+        rows = env.outcomes([env.cell(t, c, seed=s) for s in (0, 1, 2)])
+        assert value == sum(r.reward for r in rows) / 3
+    assert learner.evaluate(pairs) == batched and learner.evaluations_["new_cells"] == len(pairs) * 3
 
 
 @pytest.mark.parametrize("objective", ["reward", "log_speedup"])
@@ -250,6 +278,35 @@ def test_only_tasks_on_the_changed_leaf_are_evaluated(env):
     assert ev["spent"] < ev["naive"] and 0 < ev["saved_fraction"] < 1
 
 
+def test_the_sweep_and_each_decision_are_one_batch_each(env):
+    """The probe sweep is one ``outcomes`` call; a decision is one call holding all its new cells, or none."""
+    learner = make_learner(env)
+    log = []
+    outcomes, decide = env.outcomes, learner.decide
+
+    def counted_outcomes(cells, *args, **kwargs):
+        log.append(("outcomes", len(cells)))
+        return outcomes(cells, *args, **kwargs)
+
+    def marked_decide(tree, cand, index, n_tried=1):
+        log.append(("decide", index))
+        return decide(tree, cand, index, n_tried)
+
+    env.outcomes, learner.decide = counted_outcomes, marked_decide
+    learner.fit(lone_leaf_tree())
+    first = log.index(("decide", 0))
+    assert log[:first] == [("outcomes", learner.evaluations_["sweep"])]
+    swept = {"+".join(sorted(g)) for g in PROBES.values()} | {"torch_memory+torch_root"}  # + the incumbent
+    assert learner.evaluations_["sweep"] == len(TASKS) * len(swept)
+    marks = [i for i, entry in enumerate(log) if entry[0] == "decide"] + [len(log)]
+    assert len(marks) - 1 == len(learner.decisions_)
+    for d, a, b in zip(learner.decisions_, marks, marks[1:], strict=False):
+        calls = [n for _, n in log[a + 1 : b]]
+        new_cells = d["evaluations"]["new_cells"]
+        assert calls == ([new_cells] if new_cells else []), (d["description"], calls)
+    assert any(d["evaluations"]["new_cells"] for d in learner.decisions_)
+
+
 class FixedProposer:
     """Proposes the same REWRITE candidates on every leaf (as an LLM might, budget or not)."""
 
@@ -306,10 +363,7 @@ def _context(env):
     learner = make_learner(env)
     tree = lone_leaf_tree()
     learner._prepare(tree)
-    for t in learner.tasks:
-        for groups in PROBES.values():
-            learner.reward(t, "+".join(sorted(groups)))
-        learner.reward(t, learner.configuration_of(tree, t))
+    learner.probe(tree)  # every probe configuration and the incumbent on every training task
     return learner.context(tree, "all")
 
 

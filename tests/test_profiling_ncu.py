@@ -456,4 +456,4 @@ def test_recording_seeds_range_replay_from_a_recorded_root(fake_ncu, monkeypatch
     assert env.prefetch([task], ["root", "occupancy"]) == []
     runs = [json.loads(line) for line in fake_ncu.read_text().splitlines() if '"-o"' in line]
     assert len(runs) == 1 and runs[0][runs[0].index("--replay-mode") + 1] == "range"
-    assert env.profiler.recorded.snapshot(task, ["occupancy"]).metrics["launch__waves_per_multiprocessor"] > 0
+    assert env.profiler.snapshot(task, ["occupancy"]).metrics["launch__waves_per_multiprocessor"] > 0

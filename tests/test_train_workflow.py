@@ -52,7 +52,7 @@ def replay_args(out: Path) -> list[str]:
 
 def test_shipped_config_loads_and_opens_with_its_command():
     """workflows/train.yaml validates and its first line gives the command that runs it."""
-    cfg = _train_module().load_config([])
+    cfg = _train_module().read_config([])
     first = (REPO / "workflows" / "train.yaml").read_text().splitlines()[0]
     assert first.startswith("# python workflows/train.py")
     assert cfg["environment"] in ("live", "replay", "auto") and cfg["learn"]["confidence"] == 0.9
@@ -60,15 +60,17 @@ def test_shipped_config_loads_and_opens_with_its_command():
 
 def test_config_problems_are_reported_together():
     """Unknown keys, wrong types and bad values are all named in one error."""
-    with pytest.raises(SystemExit) as e:
-        _train_module().load_config(["nope=1", "max_tasks=many", "environment=cloud", "tree.x=1"])
+    from autoprofiler.workflow import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        _train_module().read_config(["nope=1", "max_tasks=many", "environment=cloud", "tree.x=1"])
     msg = str(e.value)
     assert all(s in msg for s in ("'nope'", "max_tasks", "environment", "'tree' is not a nested section"))
 
 
 def test_overrides_are_typed_and_nested():
     """key=value values are YAML; dotted keys set one field of a nested section."""
-    cfg = _train_module().load_config(
+    cfg = _train_module().read_config(
         ["learn.confidence=0.8", "max_tasks=3", "probe=[torch_memory]", "--resume"]
     )
     assert cfg["learn"]["confidence"] == 0.8 and cfg["learn"]["method"] == "t"
@@ -123,12 +125,12 @@ def test_live_cpu_run_on_three_tasks(tmp_path):
         "refinement_rounds=2",
         timeout=300,
     )
-    from autoprofiler.reward_table import read_rows
+    from autoprofiler.tables import read_table
 
-    rows = read_rows(out / "tables" / "rewards")
+    rows = read_table(out / "tables" / "rewards", "reward").to_pylist()
     assert rows and all(r["device"] == "cpu" and r["profile_source"] == "torch" for r in rows)
     assert len({r["key"] for r in rows}) == len(rows)
-    profiles = read_rows(out / "tables" / "profiles")
+    profiles = read_table(out / "tables" / "profiles", "profile").to_pylist()
     assert {p["group"] for p in profiles} == {
         "torch_root",
         "torch_ops",

@@ -547,19 +547,27 @@ def test_optimize_shard_splits_tasks():
 
 
 def test_optimize_summary_and_json_table(tmp_path):
-    """Suite summary: accuracy, geomean effective speedup (wrong counts 1.0), fast_p; JSON keeps the rows."""
-    from autoprofiler.cli import _summarize, _write_table
+    """Suite summary: accuracy, geomean effective speedup (wrong counts 1.0), fast_p over the evaluated
+    tasks; a task that failed before evaluation is counted apart; JSON keeps the rows."""
+    from autoprofiler.cells import Cell, RewardRow
+    from autoprofiler.cli import _summary, _write_table
+    from autoprofiler.optimize import Optimized, result_row
+    from autoprofiler.tasks import Task
 
-    rows = [
-        {"task": "a", "correct": True, "speedup": 2.0, "effective_speedup": 2.0, "reward": 0.69, "passes": 10,
-         "profile_s": 1.0, "llm_calls": 1},
-        {"task": "b", "correct": False, "speedup": 8.0, "effective_speedup": 1.0, "reward": 0.0, "passes": 20,
-         "profile_s": 3.0, "llm_calls": 1},
-    ]  # fmt: skip
-    summary = _summarize(rows)
-    assert summary["tasks"] == 2 and summary["correct"] == 1 and summary["accuracy"] == 0.5
-    assert summary["geomean_effective_speedup"] == pytest.approx(2**0.5)
-    assert (summary["fast_1"], summary["fast_1.5"], summary["mean_passes"]) == (0.5, 0.5, 15.0)
+    a, b, c = (Task.from_source(f"t/{n}", f"# {n}") for n in "abc")
+    fast = RewardRow.build(Cell(a, (), "r"), correct=True, speedup=2.0)
+    wrong = RewardRow.build(Cell(b, (), "r"), correct=False, speedup=8.0)
+    results = [
+        Optimized(a, fast, passes=10, profile_seconds=1.0),
+        Optimized(b, wrong, passes=20, profile_seconds=3.0),
+        Optimized(c, None, "profile_error: ProgramFailed: boom"),
+    ]
+    summary = _summary(results)
+    assert summary["tasks"] == 2 and summary["failed"] == 1 and summary["accuracy"] == 0.5
+    assert summary["geomean_speedup"] == pytest.approx(2**0.5)
+    assert (summary["fast_1"], summary["fast_1.5"], summary["passes_per_task"]) == (0.5, 0.5, 15.0)
+    rows = [result_row(r) for r in results]
+    assert rows[2]["failed"] and rows[2]["error_kind"] == "profile_error"
     _write_table(str(tmp_path / "t.json"), rows, summary, {"tree": "x"})
     saved = json.loads((tmp_path / "t.json").read_text())
     assert saved["rows"] == rows and saved["config"] == {"tree": "x"} and saved["summary"] == summary
@@ -583,7 +591,7 @@ def test_cli_optimize_on_recorded_profiles_with_jobs(tmp_path, capsys):
     """`optimize --profiles RECORDING --jobs 2`: routes on the recorded profiles (their recorded cost in
     the rows, no profiling), evaluates two candidates at a time; a folder with no profiles/ is bad input."""
     from autoprofiler.cli import main
-    from autoprofiler.reward_table import ProfileTable
+    from autoprofiler.tables import ProfileTable
 
     fixture = Path(__file__).resolve().parent / "fixtures" / "replay"
     tasks = tmp_path / "tasks"

@@ -16,94 +16,68 @@ Outputs in ``out_dir``: ``config.json`` (the resolved config), ``tree.json`` (th
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import sys
 import time
 from pathlib import Path
 
-import yaml
-
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # a bare checkout (ray job submit --working-dir .) runs it too
+    sys.path.insert(0, str(REPO))
+
+from autoprofiler.workflow import ConfigError, load_config, make_runner, save_config  # noqa: E402
+
 CONFIG_PATH = Path(__file__).with_name("train.yaml")
 ENVIRONMENTS = ("live", "replay", "auto")
-NESTED = (
-    "rewriter_options",
-    "llm",
-    "eval",
-    "learn",
-    "lone_budget",
-)  # free-form dicts, checked by their consumers
+NESTED = ("rewriter_options", "llm", "eval", "learn", "lone_budget", "runtime")  # dotted overrides
 
 
-# --- config -------------------------------------------------------------------------------------------
-def _type_ok(default, value) -> bool:
-    if default is None or value is None:
-        return True
-    if isinstance(default, bool):
-        return isinstance(value, bool)
-    if isinstance(default, int | float):
-        return isinstance(value, int | float) and not isinstance(value, bool)
-    return isinstance(value, type(default))
+def _path(spec: str) -> Path:
+    return Path(spec) if Path(spec).is_absolute() else REPO / spec
 
 
-def load_config(argv: list[str]) -> dict:
-    """File defaults (``train.yaml``), then ``--config FILE``, then ``key=value`` overrides; all checked.
-
-    Every problem (unknown key, wrong type, bad value) is collected and reported at once.
-    """
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", default=None, help="a YAML config (keys as in workflows/train.yaml)")
-    parser.add_argument("--resume", action="store_true", help="continue from out_dir's last checkpoint")
-    parser.add_argument("overrides", nargs="*", help="key=value (YAML values; dots for nested keys)")
-    args = parser.parse_args(argv)
-    schema = yaml.safe_load(CONFIG_PATH.read_text())
-    cfg = json.loads(json.dumps(schema))
+def check(cfg: dict) -> list[str]:
+    """Problems with values, paths and the starting tree, found before any work starts."""
     problems = []
-    if args.config:
-        given = yaml.safe_load(Path(args.config).read_text()) or {}
-        for k, v in given.items():
-            if k not in schema:
-                problems.append(f"{args.config}: unknown key {k!r}")
-            else:
-                cfg[k] = v
-    for item in args.overrides:
-        if "=" not in item:
-            problems.append(f"override {item!r}: expected key=value")
-            continue
-        key, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw != "" else None
-        head, _, rest = key.partition(".")
-        if head not in schema:
-            problems.append(f"override {key!r}: unknown key (known: {', '.join(schema)})")
-        elif rest:
-            if head not in NESTED:
-                problems.append(f"override {key!r}: {head!r} is not a nested section")
-            else:
-                cfg[head] = {**(cfg[head] or {}), rest: value}
-        else:
-            cfg[head] = value
-    for k, v in cfg.items():
-        if not _type_ok(schema[k], v):
-            problems.append(f"{k}: expected {type(schema[k]).__name__}, got {v!r} ({type(v).__name__})")
     if cfg["environment"] not in ENVIRONMENTS:
         problems.append(f"environment: expected one of {ENVIRONMENTS}, got {cfg['environment']!r}")
     if cfg["proposer"] not in ("statistical", "llm"):
         problems.append(f"proposer: expected statistical or llm, got {cfg['proposer']!r}")
-    if not 0 < (cfg["test_fraction"] or 0) < 1:
-        problems.append(f"test_fraction: expected a number in (0, 1), got {cfg['test_fraction']!r}")
-    if problems:
-        raise SystemExit("invalid config:\n  - " + "\n  - ".join(problems))
-    cfg["resume"] = bool(cfg["resume"] or args.resume)
-    return cfg
+    fraction = cfg["test_fraction"]
+    if isinstance(fraction, int | float) and not 0 < fraction < 1:
+        problems.append(f"test_fraction: expected a number in (0, 1), got {fraction!r}")
+    if isinstance(cfg["tasks"], str) and not _path(cfg["tasks"]).exists():
+        problems.append(f"tasks: {cfg['tasks']!r} does not exist")
+    if cfg["environment"] == "replay" and not cfg["tables"]:
+        problems.append("tables: environment=replay needs tables=<a recording folder>")
+    if cfg["tables"] and cfg["environment"] == "replay" and not (_path(cfg["tables"]) / "rewards").is_dir():
+        problems.append(f"tables: {cfg['tables']!r} is not a recording (no rewards/ folder)")
+    if isinstance(cfg["tree"], str) and isinstance(cfg["source"], str):
+        try:
+            initial_tree(cfg)
+        except Exception as exc:  # TreeError, OSError: name the key and the reason, no traceback
+            problems.append(f"tree: {cfg['tree']!r} does not load: {' '.join(str(exc).split())[:400]}")
+    if isinstance(cfg["learn"], dict):
+        from autoprofiler.learning import LearnConfig
+
+        try:
+            LearnConfig(**cfg["learn"])
+        except (TypeError, ValueError) as exc:
+            problems.append(f"learn: {' '.join(str(exc).split())}")
+    return problems
+
+
+def read_config(argv: list[str]) -> dict:
+    """train.yaml, then ``--config FILE``, then ``key=value`` overrides; raises ``ConfigError``."""
+    return load_config(CONFIG_PATH, argv, NESTED, check, __doc__)
 
 
 # --- setup --------------------------------------------------------------------------------------------
 def select_tasks(cfg: dict):
     from autoprofiler.tasks import load_tasks
 
-    report = load_tasks(REPO / cfg["tasks"] if not Path(cfg["tasks"]).is_absolute() else cfg["tasks"])
+    report = load_tasks(_path(cfg["tasks"]))
     tasks = list(report.tasks)
     if cfg["task_filter"]:
         wanted = list(cfg["task_filter"])
@@ -114,53 +88,44 @@ def select_tasks(cfg: dict):
 
 
 def make_environment(cfg: dict, out: Path):
-    """(environment, rewriter, close function)."""
+    """(environment, rewriter, kind): a replay of a recording, or live workers (Ray actors by default)."""
     from autoprofiler.environments import LiveEnvironment, ReplayEnvironment
     from autoprofiler.rewriters import make_rewriter
+    from autoprofiler.runtime import WorkerSpec
 
     options = dict(cfg["rewriter_options"] or {})
+    llm = cfg["llm"] or {}
     if cfg["rewriter"] == "openai":
         from autoprofiler.llm import ChatClient
 
-        llm = cfg["llm"] or {}
+        cache = str(out / "llm_cache") if llm.get("cache") else False
         options.setdefault(
-            "client",
-            ChatClient(
-                base_url=llm.get("base_url"),
-                model=llm.get("model"),
-                cache=str(out / "llm_cache") if llm.get("cache") else False,
-            ),
+            "client", ChatClient(base_url=llm.get("base_url"), model=llm.get("model"), cache=cache)
         )
     rewriter = make_rewriter(cfg["rewriter"], **options)
-    tables = Path(cfg["tables"]) if cfg["tables"] else None
+    tables = _path(cfg["tables"]) if cfg["tables"] else None
     kind = cfg["environment"]
     if kind == "auto":
-        kind = (
-            "replay"
-            if tables and (tables / "rewards").is_dir() and (tables / "profiles").is_dir()
-            else "live"
-        )
+        recorded = tables and (tables / "rewards").is_dir() and (tables / "profiles").is_dir()
+        kind = "replay" if recorded else "live"
     if kind == "replay":
-        if tables is None:
-            raise SystemExit("environment=replay needs tables=<a recording folder>")
-        return (
-            ReplayEnvironment.from_dir(tables, rewriter=rewriter, source=cfg["source"]),
-            rewriter,
-            lambda: None,
-            kind,
-        )
-    from autoprofiler.evaluation import EvalConfig, Evaluator
-    from autoprofiler.profiling import Profiler
-
-    profiler = Profiler(source=cfg["source"], device=cfg["device"], task_size=cfg["task_size"])
-    evaluator = Evaluator(EvalConfig(device=cfg["device"], task_size=cfg["task_size"], **(cfg["eval"] or {})))
-    env = LiveEnvironment(profiler, rewriter, evaluator, tables or out / "tables")
-
-    def close():
-        env.close()
-        evaluator.close()
-
-    return env, rewriter, close, kind
+        runner = make_runner(cfg["runtime"], recording=tables, source=cfg["source"])
+        return ReplayEnvironment(tables, rewriter, cfg["source"], runner=runner), rewriter, kind
+    spec = WorkerSpec(
+        device=cfg["device"],
+        task_size=cfg["task_size"],
+        source=cfg["source"],
+        eval=dict(cfg["eval"] or {}),
+        rewriter=cfg["rewriter"],
+        rewriter_options=dict(cfg["rewriter_options"] or {}),
+        llm={k: v for k, v in llm.items() if k in ("base_url", "model")},
+        concurrency=cfg["runtime"].get("concurrency", 1),
+    )
+    runner = make_runner(cfg["runtime"], spec, rewriter=rewriter)
+    env = LiveEnvironment(
+        rewriter=rewriter, table_dir=tables or out / "tables", runner=runner, source=cfg["source"]
+    )
+    return env, rewriter, kind
 
 
 def make_proposer(cfg: dict, out: Path):
@@ -201,7 +166,7 @@ def initial_tree(cfg: dict):
             "nodes": [{"id": "all", "type": "leaf", "groups": groups}],
         }
         return load_tree(data, catalog=GROUPS)
-    return load_tree(REPO / spec if not Path(spec).is_absolute() else spec, catalog=GROUPS)
+    return load_tree(_path(spec), catalog=GROUPS)
 
 
 # --- the story ----------------------------------------------------------------------------------------
@@ -218,15 +183,17 @@ def main(argv: list[str] | None = None) -> int:
     for noisy in ("autoprofiler.profiling", "autoprofiler.evaluation"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     started = time.time()
-    cfg = load_config(sys.argv[1:] if argv is None else argv)
+    try:
+        cfg = read_config(sys.argv[1:] if argv is None else argv)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     out = Path(cfg["out_dir"])
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    print(f"config: {json.dumps(cfg)}", flush=True)
+    print(f"config: {save_config(out, cfg)}", flush=True)
 
     # 1. tasks, split fixed by task-id hash
     tasks, report = select_tasks(cfg)
-    env, rewriter, close, kind = make_environment(cfg, out)
+    env, rewriter, kind = make_environment(cfg, out)
     if kind == "replay":  # judge every policy on the same tasks: those recorded with every group
         tasks, lacking = env.fully_recorded(tasks)
         for task_id, missing in lacking.items():
@@ -319,10 +286,10 @@ def main(argv: list[str] | None = None) -> int:
             ref = refine(test, TreePolicy(tree, "learned_tree"), env, cfg["refinement_rounds"], rewriter)
             (out / "refinement.json").write_text(json.dumps({"rows": ref}, indent=1, default=str) + "\n")
     finally:
-        close()
+        env.close()
 
     # 4. report from the tables (+ this run's outputs)
-    tables = Path(cfg["tables"]) if kind == "replay" else env.table_dir
+    tables = env.recording if kind == "replay" else env.table_dir
     path = build_report(tables, out / "report", run_dir=out, title=f"training run {out.name}")
     print(f"report: {path}\ndone in {time.time() - started:.0f}s", flush=True)
     return 0

@@ -1,11 +1,11 @@
-"""ProfileCache: a content-addressed Parquet store of collected metric groups.
+"""ProfileCache: the profiler's content-addressed store of collected metric groups.
 
-Key: (task hash, group, device name, driver version, tool version) where the tool is ncu (its version)
-or torch (its version) for the torch source. One row per (key) holds that group's task-level metrics,
-its per-kernel table and units (JSON strings), and the cost of the run that collected it. The store is a
-directory of append-only Parquet files (``part-<time in ns>-<uuid>.parquet``, written to a temporary name
-then renamed); opening it loads every part; a later row for the same key wins. Many processes may
-append to one directory; each sees the others' rows after reopening.
+Key: (task hash, source, group, device name, driver version, tool version), where the tool is ncu (its
+version) or torch (its version) for the torch source. Rows are those of every recorded profile
+(``autoprofiler.tables.ProfileTable``, the same writer and schema): one per group, holding that group's
+task-level metrics, per-kernel table and units, and the cost of the run that collected it. A later row
+for the same key wins (a re-measurement refreshes the cache). Many processes may append to one
+directory; each sees the others' rows after reopening.
 
 Example:
     >>> import tempfile
@@ -20,35 +20,18 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
-import time
-import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from autoprofiler.profiling.groups import GROUPS
 from autoprofiler.profiling.profile import Profile
+from autoprofiler.tables import ProfileTable, dumps, profile_key
 
 log = logging.getLogger(__name__)
-
-COLUMNS = (
-    "key",
-    "task_hash",
-    "group",
-    "source",
-    "device",
-    "driver",
-    "tool",
-    "metrics_json",
-    "kernels_json",
-    "units_json",
-    "passes",
-    "seconds",
-    "created_unix",
-)
 
 
 @dataclass(frozen=True)
@@ -60,109 +43,87 @@ class CacheEnvironment:
     tool: str  # "ncu 2025.3.1.0" or "torch 2.11.0+cu130"
 
 
+def _source(group: str) -> str:
+    spec = GROUPS.get(group)
+    return spec.source if spec is not None else ("torch" if group.startswith("torch_") else "ncu")
+
+
 def cache_key(task_hash: str, group: str, env: CacheEnvironment) -> str:
-    """sha256 over the key fields, first 32 hex digits."""
-    text = "\x1f".join((task_hash, group, env.device, env.driver, env.tool))
-    return hashlib.sha256(text.encode()).hexdigest()[:32]
+    """The profile-table key of one group measured in ``env``."""
+    return profile_key(task_hash, _source(group), group, env.device, env.driver, env.tool)
+
+
+def profile_record(profile: Profile, group: str, env: CacheEnvironment, **extra) -> dict:
+    """The profile-table record of one group of ``profile`` (restricted to it; the run's cost)."""
+    return {
+        "key": cache_key(profile.task_hash, group, env),
+        "task_hash": profile.task_hash,
+        "source": profile.source,
+        "group": group,
+        "passes": int(profile.passes or 0),
+        "seconds": float(profile.seconds or 0.0),
+        "profile_json": dumps(profile.restrict([group]).to_dict()),
+        "device": env.device,
+        "driver": env.driver,
+        "ncu_version": env.tool,
+        **extra,
+    }
+
+
+def profile_from_record(record: dict) -> Profile:
+    """The ``Profile`` a profile-table record holds (its ``passes``/``seconds``: the recorded cost)."""
+    profile = Profile.from_dict(json.loads(record["profile_json"]))
+    profile.passes, profile.seconds = int(record["passes"] or 0), float(record["seconds"] or 0.0)
+    return profile
 
 
 class ProfileCache:
-    """Parquet-backed store of per-group profiles (see module docstring)."""
+    """The profiler's store of per-group profiles (see the module docstring)."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
-        self._rows: dict[str, dict] = {}
-        self.reload()
+        self.table = ProfileTable(self.path, flush_every=1, writer="arrow", keep="last")
 
     def reload(self) -> None:
-        """Read every part file (sorted by name, so later parts win)."""
-        import pyarrow.parquet as pq
-
-        self._rows.clear()
-        for part in sorted(self.path.glob("part-*.parquet")):
-            try:
-                table = pq.read_table(part)
-            except Exception as exc:  # a torn or foreign file must not poison the cache
-                log.warning("skipping unreadable cache part %s: %s", part, exc)
-                continue
-            for row in table.to_pylist():
-                self._rows[row["key"]] = row
+        self.table.reload()
 
     def __len__(self) -> int:
-        return len(self._rows)
+        return len(self.table)
 
     def get_group(self, task_hash: str, group: str, env: CacheEnvironment) -> Profile | None:
         """The cached profile of one group, or ``None`` (its passes/seconds: the original cost)."""
-        row = self._rows.get(cache_key(task_hash, group, env))
-        if row is None:
-            return None
-        return Profile(
-            task_hash=row["task_hash"],
-            source=row["source"],
-            groups=frozenset({row["group"]}),
-            metrics=json.loads(row["metrics_json"]),
-            kernels=json.loads(row["kernels_json"]),
-            passes=int(row["passes"]),
-            seconds=float(row["seconds"]),
-            device=row["device"],
-            units=json.loads(row["units_json"]),
-        )
-
-    def created(self, task_hash: str, group: str, env: CacheEnvironment) -> float | None:
-        """When the group's row was written (unix seconds), or ``None``."""
-        row = self._rows.get(cache_key(task_hash, group, env))
-        return None if row is None else float(row["created_unix"])
+        record = self.table.get(cache_key(task_hash, group, env))
+        return None if record is None else profile_from_record(record)
 
     def get(self, task_hash: str, groups: Iterable[str], env: CacheEnvironment) -> Profile | None:
         """All of ``groups`` merged, or ``None`` unless every group is cached. Cost fields are zero.
 
-        Parts merge oldest first, so a metric shared by two groups keeps its first measured value (as
-        :meth:`Profile.merge` does for a profiler collecting groups one after the other).
+        Groups merge in the order they were written, so a metric shared by two groups keeps its first
+        measured value (as :meth:`Profile.merge` does for a profiler collecting groups one by one).
         """
-        groups = list(groups)
-        if any(self.created(task_hash, g, env) is None for g in groups):
+        keys = {cache_key(task_hash, g, env) for g in groups}
+        found = [r for r in self.table.records() if r["key"] in keys]
+        if len(found) < len(keys):
             return None
         merged = None
-        for group in sorted(groups, key=lambda g: self.created(task_hash, g, env)):
-            part = self.get_group(task_hash, group, env)
+        for record in found:
+            part = profile_from_record(record)
             merged = part if merged is None else merged.merge(part)
         if merged is not None:
             merged.passes, merged.seconds = 0, 0.0
         return merged
 
-    def put(self, profile: Profile, env: CacheEnvironment) -> None:
-        """Append one row per group of ``profile`` (each restricted to that group) in a new part file."""
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+    def cached_groups(self, task_hash: str, groups: Iterable[str], env: CacheEnvironment) -> list[str]:
+        """Those of ``groups`` in the cache, in the order they were written."""
+        order = {r["key"]: i for i, r in enumerate(self.table.records())}
+        hits = [g for g in groups if cache_key(task_hash, g, env) in order]
+        return sorted(hits, key=lambda g: order[cache_key(task_hash, g, env)])
 
-        rows = []
-        now = time.time()
-        for group in sorted(profile.groups):
-            part = profile.restrict([group])
-            rows.append(
-                {
-                    "key": cache_key(profile.task_hash, group, env),
-                    "task_hash": profile.task_hash,
-                    "group": group,
-                    "source": profile.source,
-                    "device": env.device,
-                    "driver": env.driver,
-                    "tool": env.tool,
-                    "metrics_json": json.dumps(part.metrics, sort_keys=True),
-                    "kernels_json": json.dumps(part.kernels),
-                    "units_json": json.dumps(part.units, sort_keys=True),
-                    "passes": int(profile.passes),
-                    "seconds": float(profile.seconds),
-                    "created_unix": now,
-                }
-            )
-        if not rows:
-            return
-        table = pa.Table.from_pylist(rows)
-        name = f"part-{time.time_ns():020d}-{uuid.uuid4().hex[:12]}.parquet"  # sorts by write time
-        tmp = self.path / f".{name}.tmp"
-        pq.write_table(table, tmp)
-        os.replace(tmp, self.path / name)
-        for row in rows:
-            self._rows[row["key"]] = row
+    def put(self, profile: Profile, env: CacheEnvironment) -> None:
+        """Append one record per group of ``profile`` (each restricted to that group), as one part."""
+        with self.table._lock:
+            self.table.flush_every = max(1, len(profile.groups))
+            for group in sorted(profile.groups):
+                self.table.append(profile_record(profile, group, env))
+            self.table.flush()

@@ -61,7 +61,9 @@ _PREFIXABLE = ("byte", "byte/s", "byte/second", "hz", "inst", "cycle", "sector",
 
 
 class ProfilerError(RuntimeError):
-    """Base class of every profiling failure."""
+    """Base class of every profiling failure; ``failures``: task hash -> reason for a batch's failed tasks."""
+
+    failures: dict[str, str] = {}
 
 
 class NcuNotFound(ProfilerError):

@@ -267,8 +267,8 @@ class Profiler:
         missing = [g for g in wanted if held is None or g not in held.groups]
         if missing and self.cache is not None:
             env = self.environment
-            hits = [g for g in missing if self.cache.created(task_hash, g, env) is not None]
-            for group in sorted(hits, key=lambda g: self.cache.created(task_hash, g, env)):  # oldest first
+            hits = self.cache.cached_groups(task_hash, missing, env)  # oldest first
+            for group in hits:
                 part = self.cache.get_group(task_hash, group, env)
                 self._remember(replace(part, passes=0, seconds=0.0))
             missing = [g for g in missing if g not in hits]

@@ -66,6 +66,27 @@ class Rewriter(Protocol):
     def rewrite(self, task: Task, profile: Profile | None) -> Rewrite: ...
 
 
+@runtime_checkable
+class ActionRewriter(Protocol):
+    """A rewriter whose choice is one of a few named actions (``RuleRewriter``).
+
+    Its outcome depends on the profile only through the chosen action, so an environment evaluates
+    each (task, action) once, keyed by ``actions_identity``, and derives the row of every configuration
+    from the action that ``decide`` picks when shown that configuration.
+    """
+
+    identity: str
+    actions_identity: str
+
+    def rewrite(self, task: Task, profile: Profile | None) -> Rewrite: ...
+
+    def actions(self) -> list[str]: ...
+
+    def decide(self, profile: Profile | None) -> tuple[str, str]: ...
+
+    def for_action(self, action: str) -> Rewriter: ...
+
+
 class ExtractionError(ValueError):
     """The answer holds no usable ``ModelNew`` code; the message starts with ``NO_CODE_ERROR``."""
 

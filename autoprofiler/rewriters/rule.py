@@ -634,6 +634,12 @@ class RuleRewriter:
         """The candidate source for ``action`` on ``task`` (any action, whatever the rules say)."""
         return build_source(task.source, action, compile_mode=self.compile_mode)
 
+    def for_action(self, action: str) -> FixedAction:
+        """A rewriter writing ``action``'s candidate whatever it is shown (identity: ``actions_identity``)."""
+        if action not in ACTIONS:
+            raise ValueError(f"action must be one of {sorted(ACTIONS)}, got {action!r}")
+        return FixedAction(self, action)
+
     def decide(self, profile) -> tuple[str, str]:
         """``(action, reason)`` from the metrics of the shown ``profile`` (None: blind -> the default).
 
@@ -672,3 +678,24 @@ class RuleRewriter:
         except ValueError as exc:
             return Rewrite(source=None, raw=raw, error=str(exc), action=action)
         return Rewrite(source=source, raw=raw, action=action)
+
+
+class FixedAction:
+    """One action of a ``RuleRewriter``, applied whatever the profile: the rewriter of action cells.
+
+    ``identity`` is the rule rewriter's ``actions_identity`` (the candidate builders' version), so the
+    evaluation of an action is shared by every rule version that picks it.
+    """
+
+    def __init__(self, rule: RuleRewriter, action: str):
+        self.rule = rule
+        self.action = action
+        self.identity = rule.actions_identity
+
+    def rewrite(self, task, profile=None) -> Rewrite:
+        raw = f"action {self.action}: {ACTIONS[self.action].description}"
+        try:
+            source = self.rule.source_for(task, self.action)
+        except ValueError as exc:
+            return Rewrite(source=None, raw=raw, error=str(exc), action=self.action)
+        return Rewrite(source=source, raw=raw, action=self.action)

@@ -1,0 +1,156 @@
+"""Recording a suite: every task with every metric group, every rule action, every fixed configuration.
+
+``record`` drives a live environment over a suite; what it writes (``profiles/``, ``rewards/``,
+``candidates/``) is what a ``ReplayEnvironment`` answers from (``datasets/h200_suite/`` was made so).
+Everything is keyed, so calling it again resumes; ``max_seconds`` stops starting new work after that
+long and ``summary["complete"]`` says whether everything was done.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+from autoprofiler.cells import Cell, CellFailure
+from autoprofiler.environments.environment import Environment, configuration_groups
+from autoprofiler.rewriters.base import ActionRewriter
+from autoprofiler.tables import RewardTable
+from autoprofiler.tasks import Task
+
+__all__ = ["action_cells", "derive_configuration_rows", "record"]
+
+logger = logging.getLogger(__name__)
+
+
+def action_cells(tasks: Sequence[Task], rewriter: ActionRewriter, seeds: Sequence[int] = (0,)) -> list[Cell]:
+    """One action cell per (task, seed, action) of a rule rewriter."""
+    return [
+        Cell(t, (), rewriter.actions_identity, seed, 0, action, policy="action")
+        for t in tasks
+        for seed in seeds
+        for action in rewriter.actions()
+    ]
+
+
+def record(
+    tasks: Sequence[Task],
+    env: Environment,
+    groups: Sequence[str],
+    configurations: dict[str, Sequence[str]] | None = None,
+    seeds: Sequence[int] = (0,),
+    max_seconds: float | None = None,
+    joint: bool = False,
+    joint_batch: int = 8,
+) -> dict[str, Any]:
+    """Profile every task with every group, evaluate every rule action, write every configuration's row.
+
+    Profiles: with ``joint``, every missing group of ``joint_batch`` tasks at a time in one profiled
+    process per worker (cost shared among the groups by catalog pass counts); without, one group at a
+    time over the whole suite, so each group's own cost is recorded. Each batch's rows are written
+    before the next starts, so a stopped run loses at most one batch. Then every (task, seed, action)
+    cell goes to the environment's runner in one call (its workers evaluate them in parallel), and each
+    fixed configuration's row is derived from the action its rules pick.
+
+    Returns a summary: counts, failures ``[{"task_id", "stage", "error"}]``, seconds, complete.
+    """
+    t0 = time.monotonic()
+    deadline = None if max_seconds is None else t0 + max_seconds
+    out_of_time = lambda: deadline is not None and time.monotonic() > deadline  # noqa: E731
+    failures: list[dict[str, str]] = []
+    failed_profile: set[str] = set()
+    complete = True
+    batches = (
+        [
+            (tasks[i : i + max(1, joint_batch)], list(groups))
+            for i in range(0, len(tasks), max(1, joint_batch))
+        ]
+        if joint
+        else [(list(tasks), [g]) for g in groups]
+    )
+    for done, (batch, wanted) in enumerate(batches):
+        if out_of_time():
+            complete = False
+            break
+        for f in env.prefetch(batch, wanted):
+            failed_profile.add(f["task_id"])
+            failures.append(
+                {"task_id": f["task_id"], "stage": f"profile:{'+'.join(wanted)}", "error": f["error"]}
+            )
+        logger.info("profiling: %d/%d batches", done + 1, len(batches))
+    rewriter = env.rewriter
+    actions = action_cells(tasks, rewriter, seeds) if isinstance(rewriter, ActionRewriter) else []
+    results = env.try_outcomes(actions, deadline) if actions and not out_of_time() else []
+    complete = complete and len(results) == len(actions)
+    for cell, result in zip(actions, results, strict=False):
+        if isinstance(result, CellFailure):
+            complete = complete and result.kind != "not_started"
+            failures.append(
+                {"task_id": cell.task.id, "stage": f"action:{cell.action}", "error": result.message[:500]}
+            )
+    config_cells = [
+        env.cell(t, configuration_groups(cfg), None, seed, 0)
+        for t in tasks
+        if t.id not in failed_profile
+        for seed in seeds
+        for cfg in (configurations or {}).values()
+    ]
+    for cell, result in zip(
+        config_cells, env.try_outcomes(config_cells) if not out_of_time() else [], strict=False
+    ):
+        if isinstance(result, CellFailure):
+            failures.append(
+                {
+                    "task_id": cell.task.id,
+                    "stage": f"outcome:{cell.configuration}",
+                    "error": result.message[:500],
+                }
+            )
+    env.flush()
+    rows = env.rewards.rows()
+    return {
+        "tasks": len(tasks),
+        "groups": list(groups),
+        "actions": list(rewriter.actions()) if isinstance(rewriter, ActionRewriter) else [],
+        "profile_rows": len(env.profiles),
+        "reward_rows": len(rows),
+        "evaluations": env.stats.evaluations,
+        "failures": failures,
+        "seconds": round(time.monotonic() - t0, 2),
+        "complete": complete and not out_of_time(),
+        "status": dict(Counter(str(r.error_kind) for r in rows)),
+    }
+
+
+def derive_configuration_rows(
+    env: Environment,
+    tasks: Sequence[Task],
+    configurations: dict[str, Sequence[str]],
+    into: RewardTable,
+    seeds: Sequence[int] = (0,),
+) -> dict[str, Any]:
+    """Write into ``into`` each (task, fixed configuration) row a rule rewriter's recording implies.
+
+    For a recording of actions only (``oracle_sweep.py --evaluate-only``, or one made under an older
+    rule version): the row is the rule's decision on the recorded profile restricted to the
+    configuration, joined with the recorded evaluation of that action, keyed by the rewriter's current
+    identity. Tasks lacking a recorded group or action are listed, not written; rows already present
+    are kept. Returns ``{"written", "missing"}``.
+    """
+    cells = [
+        env.cell(t, configuration_groups(cfg), None, seed, 0)
+        for t in tasks
+        for seed in seeds
+        for cfg in configurations.values()
+    ]
+    names = [name for _ in tasks for _ in seeds for name in configurations]
+    written, missing = 0, []
+    for cell, name, result in zip(cells, names, env.try_outcomes(cells), strict=True):
+        if isinstance(result, CellFailure):
+            missing.append({"task_id": cell.task.id, "configuration": name, "error": result.message[:300]})
+        else:
+            written += bool(into.append(result))
+    into.flush()
+    return {"written": written, "missing": missing}

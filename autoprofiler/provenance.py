@@ -1,0 +1,101 @@
+"""Provenance: where and with what a row was measured (code, GPU, driver, profiler, torch).
+
+Every reward row and every recorded profile carries one; a worker detects its own once, at start-up.
+
+    >>> p = Provenance(device="cpu", torch_version="2.13.0", git_sha="abc123", git_dirty=False)
+    >>> p.as_row()["git_dirty"]
+    False
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.metadata
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Provenance", "detect", "git_state"]
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Columns every row carries. Empty strings mean "not known" (e.g. no driver on a CPU).
+
+    Attributes:
+        device: hardware name ("NVIDIA H200", "cpu").
+        driver: GPU driver version.
+        ncu_version: the profiler tool ("ncu 2025.3.1.0", "torch 2.13.0" for the torch source).
+        profile_source: "ncu" | "torch" | "" (no profiler).
+        torch_version: torch in the worker that evaluated.
+        git_sha, git_dirty: the code that ran (dirty: tracked files differ from the commit).
+        run_id: the run that wrote the row.
+        worker: which worker (host and pid) produced it.
+    """
+
+    device: str = ""
+    driver: str = ""
+    ncu_version: str = ""
+    profile_source: str = ""
+    torch_version: str = ""
+    git_sha: str = ""
+    git_dirty: bool | None = None
+    run_id: str = ""
+    worker: str = ""
+
+    def as_row(self) -> dict[str, object]:
+        """The reward-table columns this provenance fills."""
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes) -> Provenance:
+        return dataclasses.replace(self, **changes)
+
+
+@functools.cache
+def git_state() -> tuple[str, bool | None]:
+    """(short sha, dirty) of the checkout this package is imported from; ("", None) outside git."""
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10, cwd=_PACKAGE_DIR)
+
+    try:
+        sha = git("rev-parse", "--short=12", "HEAD")
+        if sha.returncode != 0:
+            return "", None
+        dirty = git("status", "--porcelain", "--untracked-files=no")
+        return sha.stdout.strip(), bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return "", None
+
+
+def _torch_version() -> str:
+    try:
+        return importlib.metadata.version("torch")
+    except importlib.metadata.PackageNotFoundError:
+        return ""
+
+
+def detect(
+    device: str = "",
+    driver: str = "",
+    tool: str = "",
+    profile_source: str = "",
+    run_id: str = "",
+    worker: str = "",
+) -> Provenance:
+    """A provenance with the code state and torch version detected here, and the given fields."""
+    sha, dirty = git_state()
+    return Provenance(
+        device=device,
+        driver=driver,
+        ncu_version=tool,
+        profile_source=profile_source,
+        torch_version=_torch_version(),
+        git_sha=sha,
+        git_dirty=dirty,
+        run_id=run_id,
+        worker=worker,
+    )

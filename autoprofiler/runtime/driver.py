@@ -1,0 +1,175 @@
+"""Drivers: fan work items out to workers and gather what comes back, in order.
+
+Two drivers share one interface (``Runner``), so environments do not care where work runs:
+
+- ``LocalDriver``: one worker in this process (tests, one task from the CLI, a machine without Ray).
+- ``RayDriver``: one ``GpuWorker`` actor per GPU (or CPU workers on a laptop or CI), a bounded number of
+  batches in flight per worker (backpressure), a progress bar with rate and ETA, and fault tolerance: a
+  worker that dies is restarted by Ray and the cells of its lost batches are resubmitted (a batch that
+  died is split into single cells, so a cell that kills its worker every time is isolated and given up
+  after ``max_attempts``). Results are keyed by cell, so a resubmitted cell is never counted twice.
+
+Example (no Ray)::
+
+    driver = LocalDriver(CellWorker(WorkerSpec(device="cpu", task_size="small", source="torch")))
+    rows = driver.run_cells([WorkItem(cell)])
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+from autoprofiler.cells import CellFailure, RewardRow, WorkItem
+from autoprofiler.provenance import Provenance
+from autoprofiler.runtime.progress import Progress
+
+if TYPE_CHECKING:
+    from autoprofiler.profiling.profile import Profile
+    from autoprofiler.tasks import Task
+
+__all__ = ["LocalDriver", "Runner"]
+
+logger = logging.getLogger(__name__)
+
+CellResult = RewardRow | CellFailure
+
+
+class Runner(Protocol):
+    """Where an environment's cells run and its tasks get profiled."""
+
+    def run_cells(
+        self,
+        items: Sequence[WorkItem],
+        deadline: float | None = None,
+        on_result: Callable[[CellResult], None] | None = None,
+    ) -> list[CellResult]:
+        """One result per item, in order. ``deadline`` (``time.monotonic()``): items not started by then
+        are ``CellFailure(kind="not_started")``. ``on_result`` is called as each result arrives."""
+        ...
+
+    def profile(
+        self, tasks: Sequence[Task], groups: Sequence[str], held: Sequence[Profile | None] = ()
+    ) -> list[Profile | CellFailure]: ...
+
+    def provenance(self) -> Provenance:
+        """Where the workers measure: device, driver, profiler tool, torch, code."""
+        ...
+
+    def close(self) -> None: ...
+
+
+def not_started(item: WorkItem) -> CellFailure:
+    return CellFailure(item.cell.key, "not_started", f"{item.cell.describe()}: the run stopped before it")
+
+
+class LocalDriver:
+    """Runs a worker's methods in this process, one batch at a time (see the module docstring).
+
+    Args:
+        worker: a ``CellWorker`` or ``ReplayWorker``.
+        batch_size: cells per call of ``worker.run_cells``.
+        progress: show a progress bar for calls of at least this many cells (``None``: never).
+    """
+
+    def __init__(self, worker: Any, batch_size: int = 1, progress: int | None = None):
+        self.worker = worker
+        self.batch_size = max(1, int(batch_size))
+        self.progress = progress
+
+    def run_cells(
+        self,
+        items: Sequence[WorkItem],
+        deadline: float | None = None,
+        on_result: Callable[[CellResult], None] | None = None,
+    ) -> list[CellResult]:
+        out: list[CellResult] = []
+        show = self.progress is not None and len(items) >= self.progress
+        with Progress(len(items), "cells", enabled=show) as bar:
+            for start in range(0, len(items), self.batch_size):
+                batch = items[start : start + self.batch_size]
+                if deadline is not None and time.monotonic() > deadline:
+                    results: list[CellResult] = [not_started(i) for i in batch]
+                else:
+                    results = self.worker.run_cells(batch)
+                for result in results:
+                    if on_result is not None:
+                        on_result(result)
+                out.extend(results)
+                bar.update(len(batch))
+        return out
+
+    def profile(
+        self, tasks: Sequence[Task], groups: Sequence[str], held: Sequence[Profile | None] = ()
+    ) -> list[Profile | CellFailure]:
+        return self.worker.profile(tasks, groups, held)
+
+    def provenance(self) -> Provenance:
+        return self.worker.provenance
+
+    def close(self) -> None:
+        self.worker.close()
+
+
+def fan_out(
+    batches: Sequence[Sequence[Any]],
+    submit: Callable[[int, Sequence[Any]], Any],
+    workers: int,
+    per_worker: int,
+    on_done: Callable[[Sequence[Any], list[Any]], None],
+    on_lost: Callable[[Sequence[Any], Exception], Sequence[Sequence[Any]]],
+    deadline: float | None = None,
+    on_skip: Callable[[Sequence[Any]], None] | None = None,
+) -> None:
+    """Submit ``batches`` to ``workers`` with at most ``per_worker`` in flight each; gather as they end.
+
+    ``submit(worker index, batch)`` returns a Ray object ref. ``on_done(batch, results)`` takes a batch's
+    results. When a call fails because its worker died (``RayActorError``), ``on_lost(batch, error)``
+    returns the batches to submit again (possibly none) and the worker rests a moment while Ray
+    restarts it. After ``deadline`` nothing new is submitted and ``on_skip(batch)`` gets the rest.
+    """
+    import ray
+    from ray.exceptions import RayActorError
+
+    queue = deque(batches)
+    in_flight: dict[Any, tuple[int, Sequence[Any]]] = {}
+    load = [0] * workers
+    resting_until = [0.0] * workers
+    while queue or in_flight:
+        now = time.monotonic()
+        if deadline is not None and now > deadline:
+            while queue:
+                batch = queue.popleft()
+                if on_skip is not None:
+                    on_skip(batch)
+        while queue:
+            ready = [w for w in range(workers) if load[w] < per_worker and resting_until[w] <= now]
+            if not ready:
+                break
+            w = min(ready, key=lambda i: load[i])
+            batch = queue.popleft()
+            in_flight[submit(w, batch)] = (w, batch)
+            load[w] += 1
+        if not in_flight:
+            time.sleep(0.1)  # every worker is resting after a death
+            continue
+        done, _ = ray.wait(list(in_flight), num_returns=1, timeout=1.0)
+        for ref in done:
+            w, batch = in_flight.pop(ref)
+            load[w] -= 1
+            try:
+                results = ray.get(ref)
+            except RayActorError as exc:
+                logger.warning(
+                    "worker %d died during a batch of %d (%s); resubmitting",
+                    w,
+                    len(batch),
+                    type(exc).__name__,
+                )
+                resting_until[w] = time.monotonic() + 1.0
+                queue.extendleft(reversed(list(on_lost(batch, exc))))
+                continue
+            on_done(batch, results)

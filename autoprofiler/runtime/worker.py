@@ -1,0 +1,313 @@
+"""Workers: where cells become reward rows and tasks become profiles.
+
+``CellWorker`` holds one device's expensive state, built once in ``__init__``: the warm pool of
+sandboxed evaluation processes, the profiler and its cache, the rewriter. Its methods take batches:
+
+    worker = CellWorker(WorkerSpec(device="cpu", task_size="small", source="torch"))
+    rows = worker.run_cells([WorkItem(cell, shown_profile), ...])     # RewardRow | CellFailure each
+    profiles = worker.profile(tasks, ["torch_root", "torch_memory"])    # Profile | CellFailure each
+
+The same class is the Ray actor ``GpuWorker`` (``autoprofiler.runtime.ray_driver``): one per GPU,
+``num_gpus=1`` (or none on a laptop or CI). ``ReplayWorker`` answers the same two methods from a
+recording, so the replay environment and the live one share the environment and driver code.
+
+Untrusted code never runs in a worker's own process: candidates and tasks run in the evaluator's
+sandboxed processes and in the profiler's subprocesses.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from autoprofiler.cells import CellFailure, RewardRow, WorkItem, run_cell
+from autoprofiler.provenance import Provenance, detect
+from autoprofiler.rewriters.base import ActionRewriter, Rewriter
+
+if TYPE_CHECKING:
+    from autoprofiler.profiling.cache import CacheEnvironment
+    from autoprofiler.profiling.profile import Profile
+    from autoprofiler.tasks import Task
+
+__all__ = ["CellWorker", "ReplayWorker", "TaskProfiler", "WorkerSpec", "rewriter_for"]
+
+logger = logging.getLogger(__name__)
+
+
+class TaskProfiler(Protocol):
+    """What a worker needs of a profiler (``autoprofiler.profiling.Profiler`` is one)."""
+
+    source: str
+
+    @property
+    def environment(self) -> CacheEnvironment: ...
+
+    def collect(self, task: Task, groups: Sequence[str]) -> Profile: ...
+
+    def collect_many(self, tasks: Sequence[Task], groups: Sequence[str]) -> list[Profile]: ...
+
+    def remember(self, profile: Profile) -> None: ...
+
+    def forget(self, task_hash: str | None = None) -> None: ...
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """Plain data describing a worker; each worker (a Ray actor anywhere) builds its state from it.
+
+    Attributes:
+        device: "cpu", "cuda" (the actor's GPU) or "cuda:N".
+        task_size: "full" or "small" (``AUTOPROFILER_TASK_SIZE`` in the sandbox).
+        source: profile source, "ncu" or "torch".
+        eval: ``EvalConfig`` fields other than device and task size.
+        rewriter, rewriter_options: ``rewriters.make_rewriter(rewriter, **rewriter_options)``.
+        llm: ``ChatClient`` settings (base_url, model) for the openai rewriter.
+        profile_cache: a ``ProfileCache`` folder on the worker's node (None: memory only).
+        range_replay_above: ncu range replay for tasks with more kernels than this.
+        concurrency: cells this worker evaluates at once (compilation and correctness checks overlap;
+            timing stays one at a time under a lock); also the Ray actor's ``max_concurrency``.
+        run_id: stored in every row.
+    """
+
+    device: str = "cpu"
+    task_size: str = "small"
+    source: str = "torch"
+    eval: dict[str, Any] = field(default_factory=dict)
+    rewriter: str = "rule"
+    rewriter_options: dict[str, Any] = field(default_factory=dict)
+    llm: dict[str, Any] = field(default_factory=dict)
+    profile_cache: str | None = None
+    range_replay_above: int | None = None
+    concurrency: int = 1
+    run_id: str = ""
+
+    def __post_init__(self):
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency: expected >= 1, got {self.concurrency}")
+
+
+def rewriter_for(cell_rewriter: str, action: str, rewriter: Rewriter) -> Rewriter:
+    """The rewriter that writes a cell's candidate: ``rewriter`` itself, or one of its actions.
+
+    Raises ``ValueError`` when the cell names a rewriter this one is not.
+    """
+    if action:
+        if not isinstance(rewriter, ActionRewriter):
+            raise ValueError(f"action cell {action!r} needs a rule rewriter, got {rewriter.identity!r}")
+        fixed = rewriter.for_action(action)
+        if fixed.identity != cell_rewriter:
+            raise ValueError(
+                f"action cell for {cell_rewriter!r}, but this worker's actions are {fixed.identity!r}"
+            )
+        return fixed
+    if rewriter.identity != cell_rewriter:
+        raise ValueError(f"cell for rewriter {cell_rewriter!r}, but this worker holds {rewriter.identity!r}")
+    return rewriter
+
+
+def _build_rewriter(spec: WorkerSpec) -> Rewriter:
+    from autoprofiler.rewriters import make_rewriter
+
+    options = dict(spec.rewriter_options)
+    if spec.rewriter == "openai":
+        from autoprofiler.llm import ChatClient
+
+        options.setdefault(
+            "client", ChatClient(base_url=spec.llm.get("base_url"), model=spec.llm.get("model"))
+        )
+    return make_rewriter(spec.rewriter, **options)
+
+
+def _timing_lock(device: str) -> str:
+    """One lock file per device and host: cells of every worker on this GPU are timed one at a time."""
+    safe = device.replace(":", "_")
+    return str(Path(os.environ.get("TMPDIR", "/tmp")) / f"autoprofiler-timing-{safe}.lock")
+
+
+class CellWorker:
+    """Runs cells and profiles tasks on one device (see the module docstring).
+
+    Build it from a ``WorkerSpec`` (what a Ray actor does), or hand it ready parts (``profiler``,
+    ``evaluator``, ``rewriter``), e.g. a test's doubles; parts given win over the spec.
+    """
+
+    def __init__(
+        self,
+        spec: WorkerSpec | None = None,
+        *,
+        profiler: TaskProfiler | None = None,
+        evaluator: Any = None,
+        rewriter: Rewriter | None = None,
+        provenance: Provenance | None = None,
+    ):
+        self.spec = spec or WorkerSpec()
+        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        self.rewriter = rewriter if rewriter is not None else _build_rewriter(self.spec)
+        self.profiler = profiler if profiler is not None else self._build_profiler()
+        self.evaluator = evaluator if evaluator is not None else self._build_evaluator()
+        self.provenance = provenance or self._detect_provenance()
+
+    # --- construction --------------------------------------------------------------------------------
+    def _build_profiler(self):
+        from autoprofiler.profiling import ProfileCache, Profiler
+
+        s = self.spec
+        return Profiler(
+            source=s.source,
+            device=s.device,
+            task_size=s.task_size,
+            cache=ProfileCache(s.profile_cache) if s.profile_cache else None,
+            range_replay_above=s.range_replay_above if s.source == "ncu" else None,
+        )
+
+    def _build_evaluator(self):
+        from autoprofiler.evaluation import EvalConfig, Evaluator
+
+        s = self.spec
+        options = dict(s.eval)
+        if s.concurrency > 1:
+            options.setdefault("timing_lock", _timing_lock(s.device))
+        config = EvalConfig(device=s.device, task_size=s.task_size, **options)
+        return Evaluator(config, spares=s.concurrency)
+
+    def _detect_provenance(self) -> Provenance:
+        device = driver = tool = ""
+        try:
+            environment = self.profiler.environment
+            device, driver, tool = environment.device, environment.driver, environment.tool
+        except Exception as exc:  # no ncu or no GPU name: rows still carry the evaluator's device
+            logger.warning("no profiler provenance: %s", exc)
+        return detect(
+            device=device,
+            driver=driver,
+            tool=tool,
+            profile_source=self.profiler.source,
+            run_id=self.spec.run_id,
+            worker=self.name,
+        )
+
+    # --- the two methods -------------------------------------------------------------------------------
+    def run_cells(self, items: Sequence[WorkItem]) -> list[RewardRow | CellFailure]:
+        """``run_cell`` on each item, in order; a machinery failure is a ``CellFailure``, not an exception."""
+        from autoprofiler.evaluation import EvaluatorError, TaskError
+
+        out: list[RewardRow | CellFailure] = []
+        for item in items:
+            cell = item.cell
+            try:
+                rewriter = rewriter_for(cell.rewriter, cell.action, self.rewriter)
+                out.append(run_cell(cell, item.shown, rewriter, self.evaluator, self.provenance))
+            except TaskError as exc:
+                out.append(CellFailure(cell.key, "task_error", f"{cell.describe()}: {exc}"[:2000]))
+            except EvaluatorError as exc:
+                out.append(CellFailure(cell.key, "evaluator_error", f"{cell.describe()}: {exc}"[:2000]))
+        return out
+
+    def profile(
+        self, tasks: Sequence[Task], groups: Sequence[str], held: Sequence[Profile | None] = ()
+    ) -> list[Profile | CellFailure]:
+        """Collect ``groups`` for every task (batched: one profiled process per distinct missing set).
+
+        ``held``: profiles already recorded for the tasks (e.g. the root), remembered first so the
+        profiler can use them (range replay decides on the root's kernel count). A task whose program
+        fails is a ``CellFailure`` keyed by its hash; the others are kept. Environment problems (no
+        ncu, counters not permitted) raise.
+        """
+        from autoprofiler.profiling import CountersNotPermitted, NcuNotFound, ProfilerError
+
+        for profile in held:
+            if profile is not None:
+                self.profiler.remember(profile)
+        groups = list(groups)
+        try:
+            return list(self.profiler.collect_many(list(tasks), groups))
+        except (NcuNotFound, CountersNotPermitted):
+            raise
+        except ProfilerError as exc:  # isolate the failing tasks; collect the others one by one
+            bad = dict(exc.failures)
+            logger.warning("batch profiling failed for %d task(s): %s", len(bad) or len(tasks), exc)
+        out: list[Profile | CellFailure] = []
+        for task in tasks:
+            if task.hash in bad:
+                out.append(CellFailure(task.hash, "task_error", f"{task.id}: {bad[task.hash]}"[:2000]))
+                continue
+            self.profiler.forget(task.hash)  # collected in the failed batch: re-collect for its cost
+            try:
+                out.append(self.profiler.collect(task, groups))
+            except (NcuNotFound, CountersNotPermitted):
+                raise
+            except ProfilerError as exc:
+                out.append(
+                    CellFailure(task.hash, "task_error", f"{task.id}: {type(exc).__name__}: {exc}"[:2000])
+                )
+        return out
+
+    def info(self) -> dict[str, Any]:
+        """Who this worker is: pid, host, device and provenance (for logs and tests)."""
+        return {"pid": os.getpid(), "name": self.name, "spec": self.spec, "provenance": self.provenance}
+
+    def close(self) -> None:
+        self.evaluator.close()
+
+
+class ReplayWorker:
+    """Answers ``run_cells`` and ``profile`` from a recording (its reward and profile tables).
+
+    A cell is answered by its key; one the recording does not hold is a ``CellFailure`` of kind
+    ``missing`` naming the cell. Profiles are the recorded ones, at their recorded cost.
+    """
+
+    def __init__(
+        self, recording: str | Path, source: str | None = None, profiles: Any = None, rewards: Any = None
+    ):
+        from autoprofiler.tables import ProfileTable, RewardTable
+
+        self.recording = Path(recording)
+        self.rewards = rewards if rewards is not None else RewardTable(self.recording / "rewards")
+        self.profiles = profiles if profiles is not None else ProfileTable(self.recording / "profiles")
+        self.source = source
+        self.provenance = detect(worker=f"replay:{self.recording}")
+
+    def run_cells(self, items: Sequence[WorkItem]) -> list[RewardRow | CellFailure]:
+        out: list[RewardRow | CellFailure] = []
+        for item in items:
+            row = self.rewards.get(item.cell.key)
+            if row is None:
+                note = (
+                    ""
+                    if item.cell.action
+                    else (": only recorded cells are answerable for a rewriter that is not rule-based")
+                )
+                out.append(
+                    CellFailure(
+                        item.cell.key, "missing", f"no recorded outcome for {item.cell.describe()}{note}"
+                    )
+                )
+            else:
+                out.append(row)
+        return out
+
+    def profile(
+        self, tasks: Sequence[Task], groups: Sequence[str], held: Sequence[Profile | None] = ()
+    ) -> list[Profile | CellFailure]:
+        from autoprofiler.environments.profiles import MissingProfile, RecordedProfiler
+
+        recorded = RecordedProfiler(self.profiles, self.source)
+        out: list[Profile | CellFailure] = []
+        for task in tasks:
+            try:
+                out.append(recorded.snapshot(task, groups))
+            except MissingProfile as exc:
+                out.append(CellFailure(task.hash, "missing_profile", str(exc)))
+        return out
+
+    def info(self) -> dict[str, Any]:
+        return {"pid": os.getpid(), "recording": str(self.recording), "provenance": self.provenance}
+
+    def close(self) -> None:
+        pass
