@@ -2,6 +2,8 @@
 
 Everything here takes an environment (``autoprofiler.environments``) and returns plain rows (dicts), so
 the same code runs on a live GPU run and on a replay table, and ``report.py`` can draw from the rows.
+Every summary over rows is a polars aggregation (``summary_frame``, ``oracle_analysis``), and reward
+and profile tables are read as polars frames (``reward_frame``, ``profile_frame``).
 
 - ``split_tasks``: a train/test split fixed by a hash of each task id (a task never changes side).
 - ``evaluate_policies``: per (policy, task) outcome rows and per policy (and per tier) summaries:
@@ -11,6 +13,8 @@ the same code runs on a live GPU run and on a replay table, and ``report.py`` ca
 - ``oracle_analysis``: the paper's Figure 2 / Table 6: each fixed configuration's outcome per task, the
   best static configuration, the per-task oracle, wins per configuration, and a bootstrap 95% CI of the
   oracle's relative gain over the best static configuration.
+- ``summary_frame`` / ``summarize``: the KernelBench-style numbers above as one polars aggregation, over
+  a frame of outcome rows (``outcome_frame``), optionally grouped (per policy, per level, ...).
 - ``refine``: iterative refinement: round r+1 profiles the best kernel so far, routes it, rewrites once
   more; speedup against cumulative time per task.
 
@@ -25,29 +29,38 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, cast
+
+import polars as pl
 
 from autoprofiler import rewards
 from autoprofiler.cells import Cell, CellFailure, RewardRow
 from autoprofiler.environments import Environment, MissingOutcome, MissingProfile
+from autoprofiler.tables import read_table
 from autoprofiler.tasks import Task, refinement_task
 
 __all__ = [
     "FAST_P",
     "evaluate_policies",
     "geomean",
+    "geomean_expr",
     "oracle_analysis",
+    "outcome_frame",
     "outcome_matrix",
+    "profile_frame",
     "refine",
+    "reward_frame",
     "split_tasks",
     "summarize",
+    "summary_frame",
 ]
 
 logger = logging.getLogger(__name__)
 
 FAST_P = (0.0, 1.0, 1.5, 2.0)
+_FLOOR = 1e-12  # speedups are clipped here before the log
 UNANSWERABLE = (MissingOutcome, MissingProfile)
 
 
@@ -73,42 +86,105 @@ def split_tasks(
     return train, test
 
 
+def geomean_expr(column: str | pl.Expr) -> pl.Expr:
+    """A polars expression: the geometric mean of ``column`` (values below 1e-12 count as 1e-12).
+
+    The one geomean of the project: ``exp(mean(log(max(v, 1e-12))))``; null values are left out.
+
+    >>> pl.DataFrame({"v": [1.0, 4.0]}).select(geomean_expr("v")).item()
+    2.0
+    """
+    expr = pl.col(column) if isinstance(column, str) else column
+    return expr.cast(pl.Float64).clip(lower_bound=_FLOOR).log().mean().exp()
+
+
 def geomean(values: Iterable[float]) -> float:
-    """Geometric mean of positive values (1.0 for none).
+    """Geometric mean of positive values (1.0 for none); ``geomean_expr`` over a list.
 
     >>> round(geomean([1.0, 4.0]), 6)
     2.0
     """
-    vals = [float(v) for v in values]
-    if not vals:
+    series = pl.Series("v", [float(v) for v in values], dtype=pl.Float64)
+    if series.is_empty():
         return 1.0
-    return math.exp(sum(math.log(max(v, 1e-12)) for v in vals) / len(vals))
+    return float(series.to_frame().select(geomean_expr("v")).item())
+
+
+#: Outcome-row columns a summary reads, with their types (absent or ``None`` values are null).
+OUTCOME_COLUMNS: dict[str, pl.DataType] = {
+    "effective_speedup": pl.Float64(),
+    "correct": pl.Boolean(),
+    "speedup": pl.Float64(),
+    "reward": pl.Float64(),
+    "passes": pl.Int64(),
+    "profile_seconds": pl.Float64(),
+    "llm_calls": pl.Int64(),
+}
+
+
+def outcome_frame(rows: Sequence[Mapping[str, Any]], keys: Sequence[str] = ()) -> pl.DataFrame:
+    """Outcome rows (``evaluate_policies``' rows, ``cli`` summary rows, ...) as a typed polars frame.
+
+    Columns: ``keys`` as given (e.g. ``policy``, ``level``: what ``summary_frame`` groups by), then
+    ``missing`` (True when the row carries a non-empty ``missing`` reason) and ``OUTCOME_COLUMNS``.
+    A row may lack any of them (``{"correct": True, "speedup": 2.0, ...}`` is enough).
+    """
+    data: dict[str, pl.Series] = {k: pl.Series(k, [r.get(k) for r in rows]) for k in keys}
+    data["missing"] = pl.Series("missing", [bool(r.get("missing")) for r in rows], dtype=pl.Boolean)
+    for name, dtype in OUTCOME_COLUMNS.items():
+        values = [r.get(name) for r in rows]
+        if name == "correct":
+            values = [None if v is None else bool(v) for v in values]
+        data[name] = pl.Series(name, values, dtype=dtype, strict=False)
+    return pl.DataFrame(data)
+
+
+def _summary_exprs() -> list[pl.Expr]:
+    """The KernelBench-style numbers, in ``summarize``'s key order (see ``summarize``)."""
+    answered = ~pl.col("missing")
+    correct = pl.col("correct").fill_null(False) & answered
+    effective = pl.when(answered).then(pl.col("effective_speedup")).otherwise(1.0)
+    speed = pl.col("speedup").fill_null(0.0)
+    return [  # a mean over all rows of the group is a sum divided by the tasks
+        pl.len().cast(pl.Int64).alias("tasks"),
+        answered.sum().cast(pl.Int64).alias("answered"),
+        pl.col("missing").sum().cast(pl.Int64).alias("missing"),
+        geomean_expr(effective).alias("geomean_speedup"),
+        effective.mean().alias("mean_speedup"),
+        correct.mean().alias("accuracy"),
+        pl.when(answered).then(pl.col("reward").fill_null(0.0)).otherwise(0.0).mean().alias("mean_reward"),
+        pl.col("passes").fill_null(0).mean().alias("passes_per_task"),
+        pl.col("profile_seconds").fill_null(0.0).mean().alias("profile_seconds_per_task"),
+        pl.col("llm_calls").fill_null(0).mean().alias("llm_calls_per_task"),
+        *[(correct & (speed > p)).mean().alias(f"fast_{p:g}") for p in FAST_P],
+    ]
+
+
+def summary_frame(frame: pl.DataFrame, by: Sequence[str] = ()) -> pl.DataFrame:
+    """``summarize``'s numbers for an ``outcome_frame``: one row, or one row per ``by`` group.
+
+    Groups keep the order in which they first appear in ``frame``.
+    """
+    if by:
+        return frame.group_by(list(by), maintain_order=True).agg(_summary_exprs())
+    return frame.select(_summary_exprs())
 
 
 def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """KernelBench-style numbers over outcome rows (missing rows count as not correct, speedup 1.0)."""
-    n = len(rows)
-    if n == 0:
+    """KernelBench-style numbers over outcome rows (missing rows count as not correct, speedup 1.0).
+
+    Returns tasks, answered, missing, geomean_speedup (of effective speedups), mean_speedup, accuracy,
+    mean_reward (a missing row counts 0), passes / profile_seconds / llm_calls per task, and fast_p for
+    p in ``FAST_P``: the fraction of all rows that are correct with speedup > p. ``{"tasks": 0}`` for
+    no rows.
+
+    >>> s = summarize([{"correct": True, "speedup": 4.0, "effective_speedup": 4.0}, {"missing": "why"}])
+    >>> s["geomean_speedup"], s["accuracy"], s["fast_1"], s["missing"]
+    (2.0, 0.5, 0.5, 1)
+    """
+    if not rows:
         return {"tasks": 0}
-    answered = [r for r in rows if not r.get("missing")]
-    eff = [r["effective_speedup"] if not r.get("missing") else 1.0 for r in rows]
-    correct = [bool(r.get("correct")) and not r.get("missing") for r in rows]
-    speed = [r.get("speedup") or 0.0 for r in rows]
-    out = {
-        "tasks": n,
-        "answered": len(answered),
-        "missing": n - len(answered),
-        "geomean_speedup": geomean(eff),
-        "mean_speedup": sum(eff) / n,
-        "accuracy": sum(correct) / n,
-        "mean_reward": sum(r.get("reward") or 0.0 for r in answered) / n,
-        "passes_per_task": sum(r.get("passes") or 0 for r in rows) / n,
-        "profile_seconds_per_task": sum(r.get("profile_seconds") or 0.0 for r in rows) / n,
-        "llm_calls_per_task": sum(r.get("llm_calls") or 0 for r in rows) / n,
-    }
-    for p in FAST_P:
-        out[f"fast_{p:g}"] = sum(1 for c, s in zip(correct, speed, strict=True) if c and s > p) / n
-    return out
+    return summary_frame(outcome_frame(rows)).row(0, named=True)
 
 
 def _cost(env: Environment, task: Task, groups: Iterable[str]) -> tuple[int, float]:
@@ -169,15 +245,17 @@ def evaluate_policies(
             row["configuration"] = best.configuration
             _fill(row, best)
         rows.append(row)
-    summary: dict[str, Any] = {}
-    for name in policies:
-        mine = [r for r in rows if r["policy"] == name]
-        summary[name] = summarize(mine)
-        summary[name]["by_level"] = {
-            lvl: summarize([r for r in mine if r["level"] == lvl])
-            for lvl in sorted({r["level"] for r in mine})
-        }
-    return rows, summary
+    return rows, _policy_summaries(rows, list(policies))
+
+
+def _policy_summaries(rows: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
+    """``summarize`` per policy, with ``by_level``: the same numbers per task level (ascending)."""
+    frame = outcome_frame(rows, keys=("policy", "level"))
+    overall = {s.pop("policy"): s for s in summary_frame(frame, ["policy"]).to_dicts()}
+    levels: dict[str, dict[int, dict[str, Any]]] = {}
+    for s in summary_frame(frame, ["policy", "level"]).sort("level", maintain_order=True).to_dicts():
+        levels.setdefault(s.pop("policy"), {})[s.pop("level")] = s
+    return {name: {**overall.get(name, {"tasks": 0}), "by_level": levels.get(name, {})} for name in names}
 
 
 def _select(row: dict[str, Any], policy: Any, task: Task, env: Environment, rewriter: Any, seed: int):
@@ -283,53 +361,79 @@ def outcome_matrix(
 
 
 def oracle_analysis(
-    matrix: Sequence[Mapping[str, Any]], bootstrap: int = 2000, seed: int = 0, confidence: float = 0.95
+    matrix: pl.DataFrame | Sequence[Mapping[str, Any]],
+    bootstrap: int = 2000,
+    seed: int = 0,
+    confidence: float = 0.95,
 ) -> dict[str, Any]:
-    """The paper's Figure 2 / Table 6 from ``outcome_matrix`` rows.
+    """The paper's Figure 2 / Table 6 from ``outcome_matrix`` rows (or a frame of them).
 
-    Only tasks answered for every configuration are used. Per configuration: geomean effective speedup,
-    accuracy, wins (tasks where it is strictly the best by effective speedup; ties are counted apart).
-    Best static: the configuration with the highest geomean. Oracle: per task the best configuration.
-    ``relative_gain``: oracle geomean / best-static geomean, with a bootstrap CI over tasks (the best
-    static configuration re-chosen in every resample, so selection is part of the uncertainty).
+    Reads task_id, config_name, effective_speedup, correct and missing; a (task, configuration) given
+    twice counts its last row. Only tasks answered for every configuration are used (``skipped``: the
+    others). Per configuration: geomean effective speedup, accuracy, wins (tasks where it is strictly the
+    best by effective speedup; ``ties``: tasks where several share the best). Best static: the
+    configuration with the highest geomean (the first listed on a tie). Oracle: per task the best
+    configuration. ``relative_gain``: oracle geomean / best-static geomean, with a bootstrap CI over
+    tasks (the best static configuration re-chosen in every resample, so selection is part of the
+    uncertainty). Configurations and tasks keep the order in which they first appear.
     """
     import numpy as np
 
-    names = list(dict.fromkeys(r["config_name"] for r in matrix))
-    by_task: dict[str, dict[str, Mapping[str, Any]]] = {}
-    for r in matrix:
-        by_task.setdefault(r["task_id"], {})[r["config_name"]] = r
-    complete = [t for t, d in by_task.items() if all(n in d and not d[n].get("missing") for n in names)]
-    skipped = sorted(set(by_task) - set(complete))
+    frame = _matrix_frame(matrix)
+    names = frame["config_name"].unique(maintain_order=True).to_list()
+    cells = frame.unique(["task_id", "config_name"], keep="last", maintain_order=True)
+    answered = cells.filter(~pl.col("missing"))
+    order = frame.select(pl.col("task_id").unique(maintain_order=True)).with_row_index("order")
+    complete = (
+        answered.group_by("task_id")
+        .len()
+        .filter(pl.col("len") == len(names))
+        .join(order, on="task_id")
+        .sort("order")["task_id"]
+        .to_list()
+    )
+    skipped = sorted(set(order["task_id"].to_list()) - set(complete))
     if not complete or not names:
         return {"tasks": 0, "skipped": skipped, "configurations": names}
-    eff = np.array([[float(by_task[t][n]["effective_speedup"]) for n in names] for t in complete])
-    logs = np.log(np.maximum(eff, 1e-12))
-    per_config = {}
-    best_per_task = logs.max(axis=1)
-    for j, n in enumerate(names):
-        strict = (logs[:, j] == best_per_task) & ((logs == best_per_task[:, None]).sum(axis=1) == 1)
-        per_config[n] = {
-            "geomean_speedup": float(np.exp(logs[:, j].mean())),
-            "accuracy": float(np.mean([bool(by_task[t][n].get("correct")) for t in complete])),
-            "wins": int(strict.sum()),
-        }
-    ties = int(((logs == best_per_task[:, None]).sum(axis=1) > 1).sum())
+    long = answered.filter(pl.col("task_id").is_in(complete)).with_columns(
+        log=pl.col("effective_speedup").clip(lower_bound=_FLOOR).log()
+    )
+    is_best = pl.col("log") == pl.col("log").max().over("task_id")
+    long = long.with_columns(best=is_best, sharing=is_best.sum().over("task_id"))
+    stats = long.group_by("config_name").agg(
+        geomean_speedup=pl.col("log").mean().exp(),
+        accuracy=pl.col("correct").fill_null(False).cast(pl.Float64).mean(),
+        wins=(pl.col("best") & (pl.col("sharing") == 1)).sum().cast(pl.Int64),
+    )
+    per_config = {s.pop("config_name"): s for s in stats.to_dicts()}
+    per_config = {n: per_config[n] for n in names}
+    ties = long.filter(pl.col("best") & (pl.col("sharing") > 1))["task_id"].n_unique()
+    oracle = long.filter(pl.col("best")).group_by("task_id").agg(pl.col("log").first())["log"].mean()
+    oracle = float(np.exp(oracle))
     best = max(names, key=lambda n: per_config[n]["geomean_speedup"])
-    oracle = float(np.exp(best_per_task.mean()))
     gain = oracle / per_config[best]["geomean_speedup"]
+
+    # the task x configuration matrix (tasks in first-appearance order) for the bootstrap
+    wide = (
+        long.pivot(on="config_name", index="task_id", values="effective_speedup")
+        .join(order, on="task_id")
+        .sort("order")
+    )
+    eff = wide.select(names).to_numpy()
+    logs = np.log(np.maximum(eff, _FLOOR))
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(complete), size=(bootstrap, len(complete)))
     sample_logs = logs[idx]  # (B, n, k)
     gains = np.exp(sample_logs.max(axis=2).mean(axis=1) - sample_logs.mean(axis=1).max(axis=1))
     lo, hi = np.quantile(gains, [(1 - confidence) / 2, 1 - (1 - confidence) / 2])
+    best_per_task = logs.max(axis=1)
     per_task = [
         {
             "task_id": t,
             **{n: float(eff[i, j]) for j, n in enumerate(names)},
             "best": [n for j, n in enumerate(names) if logs[i, j] == best_per_task[i]],
         }
-        for i, t in enumerate(complete)
+        for i, t in enumerate(wide["task_id"].to_list())
     ]
     return {
         "tasks": len(complete),
@@ -346,6 +450,56 @@ def oracle_analysis(
         "bootstrap": bootstrap,
         "per_task": per_task,
     }
+
+
+def _matrix_frame(matrix: pl.DataFrame | Sequence[Mapping[str, Any]]) -> pl.DataFrame:
+    """task_id, config_name, effective_speedup, correct and missing (True when a reason is given)."""
+    columns = {
+        "task_id": pl.String,
+        "config_name": pl.String,
+        "effective_speedup": pl.Float64,
+        "correct": pl.Boolean,
+        "missing": pl.String,  # why the cell has no outcome ("" or null: answered); or a bool column
+    }
+    if not isinstance(matrix, pl.DataFrame):
+        matrix = pl.DataFrame(
+            {c: pl.Series(c, [r.get(c) for r in matrix], dtype=t, strict=False) for c, t in columns.items()}
+        )
+    missing = pl.col("missing")
+    if matrix.schema["missing"] != pl.Boolean:  # a reason string: missing when non-empty
+        missing = missing.cast(pl.String).fill_null("") != ""
+    return matrix.select(
+        pl.col("task_id", "config_name").cast(pl.String),
+        pl.col("effective_speedup").cast(pl.Float64),
+        pl.col("correct").cast(pl.Boolean).fill_null(False),
+        missing.fill_null(False).alias("missing"),
+    )
+
+
+# --- tables as polars frames ---------------------------------------------------------------------------
+def reward_frame(table_dir: str | Path) -> pl.DataFrame:
+    """The reward table in ``table_dir`` (e.g. ``datasets/h200_suite/rewards``) as a polars frame.
+
+    Read through ``tables.read_table`` (every part's schema version checked, older parts upgraded, each
+    key once), so the columns are ``rewards.REWARD_SCHEMA``'s.
+
+    Raises:
+        FileNotFoundError: ``table_dir`` is not a directory.
+        tables.TableSchemaError: a part of another table or of a newer schema.
+    """
+    return _table_frame(table_dir, "reward")
+
+
+def profile_frame(table_dir: str | Path) -> pl.DataFrame:
+    """The profile table in ``table_dir`` (e.g. ``datasets/h200_suite/profiles``), like ``reward_frame``."""
+    return _table_frame(table_dir, "profile")
+
+
+def _table_frame(table_dir: str | Path, name: str) -> pl.DataFrame:
+    table_dir = Path(table_dir)
+    if not table_dir.is_dir():
+        raise FileNotFoundError(f"expected a {name} table directory at {table_dir}; it is not there")
+    return cast(pl.DataFrame, pl.from_arrow(read_table(table_dir, name)))  # a Table gives a frame
 
 
 # --- iterative refinement ----------------------------------------------------------------------------

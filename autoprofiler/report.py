@@ -3,13 +3,18 @@
     python -m autoprofiler.report TABLE_DIR --out reports/x [--run RUN_DIR] [--tree TREE.json]
 
 ``TABLE_DIR`` is a recording (``rewards/`` and ``profiles/`` Parquet tables, as ``LiveEnvironment``
-writes them). From the reward table alone the report shows: what was recorded; each rule action's
-outcomes; the oracle sweep over the fixed configurations recorded (per-configuration geomean, wins,
-best static, per-task oracle, bootstrap CI of the oracle's relative gain: the paper's Figure 2 /
-Table 6) with a wins plot; rounds > 0 as a refinement curve. With ``--run`` (a ``workflows/train.py``
-output folder) it adds the held-out policy comparison (``evaluation.json``), the learned tree (text,
-Mermaid and a PNG drawing), the learning log (``proposals.jsonl``) and the refinement curve
-(``refinement.json``).
+writes them), read as polars frames (``analysis.reward_frame``: schema checked); every table in the
+report is a polars aggregation of those frames or of the run's rows, and every sentence states numbers
+computed from them. From the reward table alone the report shows: what was recorded; each rule
+action's outcomes and the best action per task (over the tasks where every action was recorded); the
+oracle sweep over the fixed configurations recorded (per-configuration geomean, wins, best static,
+per-task oracle, bootstrap CI of the oracle's relative gain: the paper's Figure 2 / Table 6); rounds > 0.
+With ``--run`` (a ``workflows/train.py`` output folder) it adds the held-out policy comparison (from
+``evaluation.json``'s rows), the learned tree (text, Mermaid and a PNG drawing), the learning log
+(``proposals.jsonl``) and the refinement curve (``refinement.json``).
+
+Bar charts carry their values; a chart with nothing to show (no configuration ever strictly best) is
+not drawn, and the report says why.
 """
 
 from __future__ import annotations
@@ -19,16 +24,65 @@ import json
 import logging
 import math
 import sys
-from collections import Counter, defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from autoprofiler.analysis import geomean, oracle_analysis
-from autoprofiler.tables import read_table
+import polars as pl
 
-__all__ = ["build_report", "main", "matrix_from_rows"]
+from autoprofiler.analysis import (
+    geomean_expr,
+    oracle_analysis,
+    outcome_frame,
+    profile_frame,
+    reward_frame,
+    summary_frame,
+)
+from autoprofiler.tables import TableSchemaError
+
+__all__ = ["build_report", "draw_tree", "main", "markdown_table", "oracle_matrix"]
 
 logger = logging.getLogger(__name__)
+
+POLICY_COLUMNS = [
+    "geomean_speedup",
+    "accuracy",
+    "fast_0",
+    "fast_1",
+    "fast_1.5",
+    "fast_2",
+    "mean_reward",
+    "passes_per_task",
+    "profile_seconds_per_task",
+    "llm_calls_per_task",
+    "missing",
+]
+
+
+# --- Markdown and plots --------------------------------------------------------------------------------
+def markdown_table(frame: pl.DataFrame, formats: dict[str, str] | None = None) -> str:
+    """``frame`` as a Markdown table: floats with 3 decimals (or ``formats[column]``), nulls empty.
+
+    >>> print(markdown_table(pl.DataFrame({"a": ["x"], "b": [1.23456]})), end="")
+    | a | b |
+    |---|---|
+    | x | 1.235 |
+    """
+    formats = formats or {}
+
+    def fmt(column: str, v: Any) -> str:
+        if v is None:
+            return ""
+        if isinstance(v, float):
+            return format(v, formats.get(column, ".3f")) if math.isfinite(v) else "n/a"
+        return str(v)
+
+    lines = ["| " + " | ".join(frame.columns) + " |", "|" + "---|" * frame.width]
+    lines += [
+        "| " + " | ".join(fmt(c, v) for c, v in zip(frame.columns, row, strict=True)) + " |"
+        for row in frame.rows()
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def _plt():
@@ -40,410 +94,464 @@ def _plt():
     return plt
 
 
-def matrix_from_rows(
-    rows: list[dict[str, Any]], rewriter: str | None = None, seed: int = 0
-) -> list[dict[str, Any]]:
-    """``analysis.outcome_matrix``-shaped rows from recorded configuration rows (round 0, one rewriter)."""
-    from autoprofiler.profiling.groups import CONFIGURATIONS
-    from autoprofiler.rewards import configuration_name
-
-    named = {configuration_name(groups): name for name, groups in CONFIGURATIONS.items()}
-    out = []
-    for r in rows:
-        if r["kind"] == "action" or r["round"] != 0 or r["seed"] != seed:
-            continue
-        if rewriter is not None and r["rewriter"] != rewriter:
-            continue
-        out.append(
-            {
-                "task_id": r["task_id"],
-                "task_hash": r["task_hash"],
-                "level": r["level"],
-                "config_name": named.get(r["configuration"], r["configuration"] or "(none)"),
-                "configuration": r["configuration"],
-                "action": r["action"],
-                "correct": bool(r["correct"]),
-                "speedup": r["speedup"],
-                "effective_speedup": r["effective_speedup"],
-                "reward": r["reward"],
-                "missing": "",
-            }
-        )
-    return out
-
-
-def _table(header: list[str], rows: list[list[Any]]) -> str:
-    def fmt(v):
-        if isinstance(v, float):
-            return f"{v:.3f}" if math.isfinite(v) else "n/a"
-        return "" if v is None else str(v)
-
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(fmt(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
-
-
-def _bar(
-    path: Path, labels: list[str], values: list[float], title: str, ylabel: str, line: float | None = None
-):
+def _bars(
+    path: Path,
+    labels: Sequence[str],
+    values: Sequence[float],
+    title: str,
+    xlabel: str,
+    base: float = 0.0,
+    fmt: str = ".3f",
+) -> Path:
+    """Horizontal bars from ``base`` (1.0 for speedups: a bar to the left is a slowdown), each with its
+    value written at its end."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(labels) + 2), 3.6))
-    ax.bar(range(len(labels)), values, color="#4C72B0")
-    ax.set_xticks(range(len(labels)))
-    ax.set_xticklabels(labels, rotation=30, ha="right", fontsize=8)
-    if line is not None:
-        ax.axhline(line, color="grey", lw=0.8, ls="--")
+    from matplotlib.ticker import MaxNLocator
+
+    values = [float(v) for v in values]
+    fig, ax = plt.subplots(figsize=(6.4, 0.9 + 0.36 * len(labels)))
+    colors = ["#4C72B0" if v >= base else "#DD8452" for v in values]
+    bars = ax.barh(range(len(labels)), [v - base for v in values], left=base, color=colors, height=0.6)
+    ax.bar_label(bars, labels=[format(v, fmt) for v in values], padding=3, fontsize=8)
+    ax.set_yticks(range(len(labels)), labels, fontsize=8)
+    if all(v == int(v) for v in values):  # counts: whole-number ticks
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.invert_yaxis()  # first label on top, as in the table
+    ax.axvline(base, color="grey", lw=0.8)
+    lo, hi = min([*values, base]), max([*values, base])
+    span = (hi - lo) or abs(hi) or 1.0
+    ax.set_xlim(lo - (0.18 * span if lo < base else 0.02 * span), hi + 0.18 * span)
     ax.set_title(title, fontsize=10)
-    ax.set_ylabel(ylabel)
+    ax.set_xlabel(xlabel, fontsize=9)
+    ax.spines[["top", "right"]].set_visible(False)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+    return path
 
 
 def draw_tree(tree: Any, path: Path) -> Path:
-    """A PNG of a profiling tree: splits as rounded boxes (feature <= threshold), leaves with groups."""
+    """A PNG of a profiling tree: splits (feature, the groups collected there), edges labelled with the
+    threshold test, leaves with their groups. The canvas is cropped to the drawing."""
     plt = _plt()
     from autoprofiler.tree import Split
 
     pos: dict[str, tuple[float, float]] = {}
-    counter = [0]
+    leaves = [0]
 
     def place(node_id: str, depth: int) -> float:
         node = tree.node(node_id)
         if isinstance(node, Split):
             x = (place(node.left, depth + 1) + place(node.right, depth + 1)) / 2
         else:
-            x = float(counter[0])
-            counter[0] += 1
+            x = float(leaves[0])
+            leaves[0] += 1
         pos[node_id] = (x, -depth)
         return x
 
     place(tree.root.id, 0)
-    width = max(counter[0], 1)
-    fig, ax = plt.subplots(figsize=(max(5.0, 2.8 * width), 1.8 + 1.6 * (tree.depth + 1)))
+    texts = {}
+    for node in tree.nodes:
+        if isinstance(node, Split):
+            texts[node.id] = f"{node.feature}\ncollect: {', '.join(node.groups) or '(none)'}"
+        else:
+            texts[node.id] = f"leaf {node.id}\n" + ("\n".join(node.groups) or "(no groups)")
+    longest = max(len(line) for t in texts.values() for line in t.splitlines())
+    unit = min(max(1.8, 0.062 * longest), 4.2)  # inches per leaf: the widest label fits
+    fig, ax = plt.subplots(figsize=(unit * max(leaves[0], 1), 1.5 * (tree.depth + 1)))
     for node in tree.nodes:
         x, y = pos[node.id]
         if isinstance(node, Split):
-            for child, label in ((node.left, "<="), (node.right, ">")):
+            for child, test in ((node.left, "≤"), (node.right, ">")):
                 cx, cy = pos[child]
-                ax.plot([x, cx], [y, cy], color="grey", lw=0.8, zorder=1)
+                ax.plot([x, cx], [y, cy], color="grey", lw=0.9, zorder=1)
                 ax.text(
                     (x + cx) / 2,
                     (y + cy) / 2,
-                    f"{label} {node.threshold:.3g}",
-                    fontsize=7,
+                    f"{test} {node.threshold:g}",
+                    fontsize=8,
                     ha="center",
-                    bbox={"fc": "white", "ec": "none", "pad": 0.5},
+                    va="center",
+                    bbox={"fc": "white", "ec": "none", "pad": 0.8},
                     zorder=2,
                 )
-            text, color = f"{node.feature}\n[{', '.join(node.groups)}]", "#DDE8F5"
-        else:
-            text, color = f"leaf {node.id}\n" + ("\n".join(node.groups) or "(none)"), "#E3F1DF"
+        color = "#DDE8F5" if isinstance(node, Split) else "#E3F1DF"
         ax.text(
             x,
             y,
-            text,
+            texts[node.id],
             ha="center",
             va="center",
-            fontsize=7,
+            fontsize=8,
             zorder=3,
-            bbox={"boxstyle": "round,pad=0.4", "fc": color, "ec": "#555555"},
+            bbox={"boxstyle": "round,pad=0.45", "fc": color, "ec": "#555555"},
         )
-    ax.set_xlim(-0.8, width - 0.2)
-    ax.set_ylim(-tree.depth - 0.7, 0.7)
+    ax.set_xlim(-0.5, max(leaves[0], 1) - 0.5)
+    ax.set_ylim(-tree.depth - 0.5, 0.5)
     ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    n = len(tree.leaf_ids)
+    ax.set_title(
+        f"profiling tree {tree.fingerprint()}: {n} {'leaf' if n == 1 else 'leaves'}, depth {tree.depth}",
+        fontsize=9,
+    )
+    fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.2)
     plt.close(fig)
     return path
 
 
-def _refinement_plot(path: Path, rows: list[dict[str, Any]]) -> None:
+def _n(count: int, noun: str) -> str:
+    """``3 tasks``, ``1 task``."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in text)
+
+
+def _joined(column: str, null: str = "?") -> pl.Expr:
+    """The distinct values of ``column``, sorted, as one comma-separated string."""
+    return pl.col(column).unique().sort().cast(pl.String).fill_null(null).str.join(", ")
+
+
+# --- sections from the tables --------------------------------------------------------------------------
+def _recorded_section(rewards: pl.DataFrame, profiles: pl.DataFrame | None) -> list[str]:
+    per_run = rewards.group_by("run_id").len().sort("run_id")
+    by_kind = rewards.group_by("rewriter", "kind").len().sort("rewriter", "kind")
+    facts = rewards.select(
+        pl.len().alias("reward rows"),
+        pl.col("task_hash").n_unique().alias("tasks"),
+        _joined("device").alias("devices"),
+        _joined("round").alias("rounds"),
+        _joined("seed").alias("seeds"),
+    ).row(0, named=True)
+    runs = [f"{r or '?'} ({_n(n, 'row')})" for r, n in per_run.head(5).rows()]
+    more = f", and {per_run.height - 5} more" if per_run.height > 5 else ""
+    facts["runs"] = f"{per_run.height}: {', '.join(runs)}{more}"
+    facts["rows per rewriter and kind"] = ", ".join(f"{r} {k} {n}" for r, k, n in by_kind.rows())
+    if profiles is not None:
+        facts["profile rows (task x group)"] = profiles.height
+        facts["profile groups"] = profiles.select(_joined("group")).item() if profiles.height else "-"
+    table = pl.DataFrame({"what": list(facts), "value": [str(v) for v in facts.values()]})
+    return ["## Recorded data\n", markdown_table(table)]
+
+
+def _actions_section(actions: pl.DataFrame, rewriter: str, out: Path) -> list[str]:
+    """One rewriter's rule-action rows (round 0): per action, then the best action per task."""
+    correct = pl.col("correct").fill_null(False)
+    errors = (
+        actions.filter(pl.col("error_kind").fill_null("") != "")
+        .group_by("action", "error_kind")
+        .len()
+        .sort(["action", "len", "error_kind"], descending=[False, True, False])
+        .group_by("action", maintain_order=True)
+        .agg(pl.format("{} {}", "error_kind", "len").str.join(", ").alias("errors"))
+    )
+    per_action = (
+        actions.group_by("action")
+        .agg(
+            pl.col("task_hash").n_unique().alias("tasks"),
+            pl.len().alias("rows"),
+            correct.mean().alias("accuracy"),
+            geomean_expr("effective_speedup").alias("geomean speedup"),
+            (correct & (pl.col("speedup").fill_null(0.0) > 1.0)).mean().alias("fast_1"),
+        )
+        .join(errors, on="action", how="left")
+        .with_columns(pl.col("errors").fill_null("-"))
+        .sort("action")
+    )
+    # one effective speedup per (task, action): the geomean over its rows (seeds)
+    cells = actions.group_by("task_hash", "action").agg(geomean_expr("effective_speedup").alias("eff"))
+    n_actions, n_tasks = per_action.height, cells["task_hash"].n_unique()
+    complete = cells.group_by("task_hash").len().filter(pl.col("len") == n_actions).select("task_hash")
+    on_complete = cells.join(complete, on="task_hash")
+    md = [f"## Rule actions ({rewriter})\n"]
+    repeated = (per_action["rows"] > per_action["tasks"]).any()
+    if complete.height == n_tasks and not repeated:
+        md.append(
+            f"Each of the {_n(n_actions, 'action')} was evaluated once on each of "
+            f"the {_n(n_tasks, 'task')}.\n"
+        )
+    else:
+        md.append(
+            f"{_n(n_actions, 'action')} over {_n(n_tasks, 'task')}: {complete.height} of them with a row "
+            "for every action; each action's tasks and rows are in the table."
+            + (
+                " Some (task, action) cells have several rows (seeds); below, each cell counts once, "
+                "by the geomean of its rows."
+                if repeated
+                else ""
+            )
+            + "\n"
+        )
+    if complete.height < n_tasks:
+        per_action = per_action.join(
+            on_complete.group_by("action").agg(
+                geomean_expr("eff").alias(f"geomean speedup ({_n(complete.height, 'task')}, every action)")
+            ),
+            on="action",
+            how="left",
+        )
+    md.append(markdown_table(per_action))
+    if complete.is_empty():
+        md.append("\nNo task has a row for every action, so there is no best-action-per-task bound.\n")
+        return md
+    best = on_complete.with_columns(top=pl.col("eff") == pl.col("eff").max().over("task_hash"))
+    per_task = best.filter("top").group_by("task_hash").agg(pl.col("eff").first(), pl.col("action"))
+    bound = per_task.select(geomean_expr("eff")).item()
+    strict = (
+        per_task.filter(pl.col("action").list.len() == 1)
+        .group_by(pl.col("action").list.first())
+        .len()
+        .sort(["len", "action"], descending=[True, False])
+    )
+    ties = per_task.filter(pl.col("action").list.len() > 1).height
+    geo = on_complete.group_by("action").agg(geomean_expr("eff").alias("g")).sort("action")
+    top = geo.filter(pl.col("g") == pl.col("g").max())
+    where = (
+        f"the {_n(complete.height, 'task')}"
+        if complete.height == n_tasks
+        else f"the {complete.height} of {_n(n_tasks, 'task')} with a row for every action"
+    )
+    md.append(
+        f"\nBest action per task, over {where}: geomean {bound:.3f}x, an upper bound for any policy that "
+        f"picks one of these actions per task; the best single action on the same tasks gives "
+        f"{top['g'][0]:.3f}x ({' = '.join(top['action'].to_list())}). "
+        "Tasks where one action is strictly best: "
+        + (", ".join(f"{a} {n}" for a, n in strict.rows()) or "none")
+        + f"; tasks where several actions tie for best: {ties}.\n"
+    )
+    png = _bars(
+        out / f"actions_{_slug(rewriter)}.png",
+        [*geo["action"].to_list(), "best per task"],
+        [*geo["g"].to_list(), bound],
+        f"geomean effective speedup per rule action, {rewriter} ({_n(complete.height, 'task')})",
+        "geomean effective speedup (1.0 = unchanged)",
+        base=1.0,
+    )
+    md.append(f"\n![actions]({png.name})\n")
+    return md
+
+
+def oracle_matrix(rewards: pl.DataFrame, rewriter: str, seed: int = 0) -> pl.DataFrame:
+    """``analysis.outcome_matrix``-shaped rows from recorded configuration rows (round 0, one rewriter):
+    ``config_name`` is the ``CONFIGURATIONS`` name of the shown groups (the groups joined otherwise,
+    ``(none)`` for none)."""
+    from autoprofiler.profiling.groups import CONFIGURATIONS
+    from autoprofiler.rewards import configuration_name
+
+    named = {configuration_name(groups): name for name, groups in CONFIGURATIONS.items()}
+    configuration = pl.col("configuration").fill_null("")
+    return rewards.filter(
+        (pl.col("kind") != "action") & (pl.col("round") == 0) & (pl.col("seed") == seed),
+        pl.col("rewriter") == rewriter,
+    ).select(
+        "task_id",
+        "task_hash",
+        "level",
+        pl.when(configuration.is_in(list(named)))
+        .then(configuration.replace(named))
+        .when(configuration == "")
+        .then(pl.lit("(none)"))
+        .otherwise(configuration)
+        .alias("config_name"),
+        "configuration",
+        "action",
+        pl.col("correct").fill_null(False),
+        "speedup",
+        "effective_speedup",
+        "reward",
+        pl.lit("").alias("missing"),
+    )
+
+
+def _oracle_section(rewards: pl.DataFrame, rewriter: str, out: Path) -> list[str]:
+    matrix = oracle_matrix(rewards, rewriter)
+    names = matrix["config_name"].unique(maintain_order=True).to_list()
+    if len(names) < 2:
+        return []
+    heading = f"## Oracle sweep ({rewriter}): fixed configurations vs the per-task oracle\n"
+    oa = oracle_analysis(matrix)
+    if not oa.get("tasks"):
+        return [heading, f"No task was answered for every one of the {len(names)} configurations.\n"]
+    pc = oa["per_configuration"]
+    table = pl.DataFrame([{"configuration": n, **pc[n]} for n in oa["configurations"]]).rename(
+        {"geomean_speedup": "geomean speedup"}
+    )
+    lo, hi = oa["relative_gain_ci"]
+    best_geomean = oa["best_static_geomean"]
+    tied = [
+        n for n in oa["configurations"] if n != oa["best_static"] and pc[n]["geomean_speedup"] == best_geomean
+    ]
+    md = [
+        heading,
+        markdown_table(table),
+        f"\n{_n(oa['tasks'], 'task')} answered for every configuration ({len(oa['skipped'])} skipped). "
+        f"Wins: tasks where the configuration is strictly best; ties: {_n(oa['ties'], 'task')} where "
+        f"several share the best. Best static: **{oa['best_static']}** ({oa['best_static_geomean']:.3f}x"
+        + (f"; tied with {', '.join(tied)}" if tied else "")
+        + "); "
+        f"per-task oracle {oa['oracle_geomean']:.3f}x; relative gain **{oa['relative_gain']:.3f}** "
+        f"(bootstrap {oa['confidence']:.0%} CI [{lo:.3f}, {hi:.3f}], {oa['bootstrap']} resamples).\n",
+    ]
+    slug = _slug(rewriter)
+    wins = [pc[n]["wins"] for n in oa["configurations"]]
+    if sum(wins):
+        png = _bars(
+            out / f"oracle_wins_{slug}.png",
+            oa["configurations"],
+            wins,
+            f"tasks where each configuration is strictly best, {rewriter} (of {oa['tasks']})",
+            "tasks",
+            fmt="g",
+        )
+        md.append(f"\n![wins]({png.name})\n")
+    else:
+        md.append(
+            f"\nNo configuration is strictly best on any task (ties: {oa['ties']} of {oa['tasks']}), "
+            "so there is no wins chart.\n"
+        )
+    png = _bars(
+        out / f"static_speedup_{slug}.png",
+        [*oa["configurations"], "per-task oracle"],
+        [*(pc[n]["geomean_speedup"] for n in oa["configurations"]), oa["oracle_geomean"]],
+        f"geomean effective speedup, {rewriter} ({_n(oa['tasks'], 'task')})",
+        "geomean effective speedup (1.0 = unchanged)",
+        base=1.0,
+    )
+    md.append(f"\n![static]({png.name})\n")
+    return md
+
+
+def _rounds_section(rewards: pl.DataFrame) -> list[str]:
+    later = rewards.filter((pl.col("round") > 0) & (pl.col("kind") != "action"))
+    if later.is_empty():
+        return []
+    table = (
+        later.group_by("round")
+        .agg(
+            pl.len().alias("rows"),
+            geomean_expr("effective_speedup").alias("geomean speedup"),
+            pl.col("correct").fill_null(False).mean().alias("accuracy"),
+        )
+        .sort("round")
+    )
+    return ["## Rounds > 0 in the table\n", markdown_table(table)]
+
+
+# --- sections from a training run ----------------------------------------------------------------------
+def _policies_section(data: dict[str, Any], out: Path) -> list[str]:
+    frame = outcome_frame(data.get("rows") or [], keys=("policy", "level"))
+    if frame.is_empty():
+        return ["## Policies on held-out tasks\n", "The evaluation holds no per-task rows.\n"]
+    summary = summary_frame(frame, ["policy"])
+    tasks = int(data.get("tasks") or summary["tasks"].max())
+    md = [f"## Policies on held-out tasks ({_n(tasks, data.get('split', 'test') + ' task')})\n"]
+    md.append(markdown_table(summary.select("policy", *POLICY_COLUMNS)))
+    if data.get("verdict"):
+        md.append(f"\n{data['verdict']}\n")
+    png = _bars(
+        out / "policy_speedup.png",
+        summary["policy"].to_list(),
+        summary["geomean_speedup"].to_list(),
+        f"geomean effective speedup per policy ({_n(tasks, 'held-out task')})",
+        "geomean effective speedup (1.0 = unchanged)",
+        base=1.0,
+    )
+    md.append(f"\n![policies]({png.name})\n")
+    by_level = summary_frame(frame, ["policy", "level"]).sort("level", maintain_order=True)
+    levels = by_level["level"].unique().sort().to_list()
+    if len(levels) > 1:
+        wide = by_level.pivot(on="level", index="policy", values=["geomean_speedup", "accuracy"])
+        wide = wide.select(
+            "policy",
+            *[
+                pl.col(f"{v}_{lvl}").alias(f"level {lvl} {name}")
+                for lvl in levels
+                for v, name in (("geomean_speedup", "geomean"), ("accuracy", "accuracy"))
+            ],
+        )
+        md += ["\nPer tier:\n", markdown_table(wide)]
+    return md
+
+
+def _learning_section(run: Path) -> list[str]:
+    decisions = [json.loads(line) for line in (run / "proposals.jsonl").read_text().splitlines() if line]
+    log = pl.DataFrame(
+        {
+            "#": [d["decision"] for d in decisions],
+            "proposal": [d["description"] for d in decisions],
+            "affected": [d["affected_tasks"] for d in decisions],
+            "mean gain": pl.Series([(d["stats"] or {}).get("mean") for d in decisions], dtype=pl.Float64),
+            "LCB": pl.Series([(d["stats"] or {}).get("lcb") for d in decisions], dtype=pl.Float64),
+            "accepted": pl.Series([bool(d["accepted"]) for d in decisions], dtype=pl.Boolean),
+            "why": [d["reason"].splitlines()[0][:90] if d["reason"] else "" for d in decisions],
+        }
+    )
+    accepted = int(log["accepted"].sum()) if log.height else 0
+    table = log.with_columns(
+        pl.when("accepted").then(pl.lit("yes")).otherwise(pl.lit("no")).alias("accepted")
+    )
+    md = [f"## Learning log ({log.height} decisions, {accepted} accepted)\n", markdown_table(table)]
+    state = run / "state.json"
+    if state.exists():
+        ev = json.loads(state.read_text()).get("evaluations", {})
+        md.append(
+            f"\nEvaluations: probe sweep {ev.get('sweep')}, candidate evaluations spent {ev.get('spent')} "
+            f"vs {ev.get('naive')} for a naive full re-evaluation of every candidate; new (task, "
+            f"configuration) cells {ev.get('new_cells')}.\n"
+        )
+    return md
+
+
+def _refinement_section(rows: list[dict[str, Any]], out: Path) -> list[str]:
+    md = ["## Iterative refinement\n"]
+    missing = [r for r in rows if r.get("missing")]
+    if missing:
+        md.append(
+            f"{len(missing)} task(s) stopped early (the environment could not answer a round); first: "
+            f"{missing[0]['missing'][:200]}\n"
+        )
+    answered = [r for r in rows if not r.get("missing")]
+    if not answered:
+        return md
+    frame = pl.DataFrame(
+        {
+            "round": [int(r["round"]) for r in answered],
+            "speedup": pl.Series([r["cumulative_speedup"] for r in answered], dtype=pl.Float64),
+            "seconds": pl.Series([r["cumulative_seconds"] for r in answered], dtype=pl.Float64),
+        }
+    )
+    curve = (
+        frame.group_by("round")
+        .agg(
+            pl.len().alias("tasks"),
+            geomean_expr("speedup").alias("geomean cumulative speedup"),
+            pl.col("seconds").mean().alias("mean cumulative seconds"),
+        )
+        .sort("round")
+    )
+    md.append(markdown_table(curve))
+    if curve.height < 2:
+        md.append(
+            f"\nOnly round {curve['round'][0]} was answered, so there is no refinement curve to draw.\n"
+        )
+        return md
     plt = _plt()
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
-    by_round: dict[int, list[dict]] = defaultdict(list)
-    for r in rows:
-        if not r.get("missing"):
-            by_round[int(r["round"])].append(r)
-    rounds = sorted(by_round)
-    xs = [sum(r["cumulative_seconds"] for r in by_round[k]) / len(by_round[k]) for k in rounds]
-    ys = [geomean(r["cumulative_speedup"] for r in by_round[k]) for k in rounds]
+    xs, ys = curve["mean cumulative seconds"].to_list(), curve["geomean cumulative speedup"].to_list()
     ax.plot(xs, ys, marker="o")
-    for k, x, y in zip(rounds, xs, ys, strict=True):
-        ax.annotate(f"r{k}", (x, y), fontsize=7, textcoords="offset points", xytext=(3, 3))
+    for k, x, y in zip(curve["round"].to_list(), xs, ys, strict=True):
+        ax.annotate(f"round {k}: {y:.3f}x", (x, y), fontsize=8, textcoords="offset points", xytext=(4, 4))
+    ax.margins(x=0.25, y=0.15)  # room for the labels
     ax.set_xlabel("mean cumulative seconds per task (profiling + evaluation)")
     ax.set_ylabel("geomean cumulative speedup")
     ax.set_title("iterative refinement", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    png = out / "refinement.png"
+    fig.savefig(png, dpi=110)
     plt.close(fig)
-
-
-def build_report(
-    table_dir: str | Path,
-    out: str | Path,
-    run_dir: str | Path | None = None,
-    tree_path: str | Path | None = None,
-    title: str = "autoprofiler report",
-) -> Path:
-    """Write ``out/report.md`` and its PNGs; returns the Markdown path.
-
-    Raises:
-        FileNotFoundError: ``table_dir`` has no ``rewards/`` table.
-    """
-    table_dir, out = Path(table_dir), Path(out)
-    rewards_dir = table_dir / "rewards"
-    if not rewards_dir.is_dir():
-        raise FileNotFoundError(
-            f"expected a reward table at {rewards_dir} (a recording folder); it is not there"
-        )
-    out.mkdir(parents=True, exist_ok=True)
-    rows = read_table(rewards_dir, "reward").to_pylist()
-    profiles = (
-        read_table(table_dir / "profiles", "profile").to_pylist() if (table_dir / "profiles").is_dir() else []
-    )
-    run = Path(run_dir) if run_dir else None
-    md = [f"# {title}\n", f"Tables: `{table_dir}`" + (f"; run: `{run}`" if run else "") + "\n"]
-
-    # --- what was recorded
-    tasks = {r["task_hash"] for r in rows}
-    md.append("## Recorded data\n")
-    md.append(
-        _table(
-            ["what", "value"],
-            [
-                ["reward rows", len(rows)],
-                ["tasks", len(tasks)],
-                ["rewriters", ", ".join(sorted({r["rewriter"] for r in rows}))],
-                ["devices", ", ".join(sorted({r["device"] or "?" for r in rows}))],
-                ["profile rows (task x group)", len(profiles)],
-                ["profile groups", ", ".join(sorted({p["group"] for p in profiles}))],
-                ["rounds", ", ".join(str(x) for x in sorted({r["round"] for r in rows}))],
-            ],
-        )
-    )
-
-    # --- rule actions
-    actions = [r for r in rows if r["kind"] == "action" and r["round"] == 0]
-    if actions:
-        md.append("## Rule actions (every action evaluated on every task)\n")
-        by_action: dict[str, list[dict]] = defaultdict(list)
-        for r in actions:
-            by_action[r["action"]].append(r)
-        table = []
-        for a, rs in sorted(by_action.items()):
-            errors = Counter(r["error_kind"] for r in rs if r["error_kind"])
-            table.append(
-                [
-                    a,
-                    len(rs),
-                    sum(r["correct"] for r in rs) / len(rs),
-                    geomean(r["effective_speedup"] for r in rs),
-                    sum(1 for r in rs if r["correct"] and (r["speedup"] or 0) > 1) / len(rs),
-                    ", ".join(f"{k} {v}" for k, v in errors.most_common()) or "-",
-                ]
-            )
-        md.append(_table(["action", "tasks", "accuracy", "geomean speedup", "fast_1", "errors"], table))
-        per_task_best = defaultdict(lambda: (None, -1.0))
-        for r in actions:
-            if r["effective_speedup"] > per_task_best[r["task_hash"]][1]:
-                per_task_best[r["task_hash"]] = (r["action"], r["effective_speedup"])
-        best_geo = geomean(v for _, v in per_task_best.values())
-        md.append(
-            f"\nBest action per task (an upper bound for any rule policy): geomean {best_geo:.3f}; "
-            f"best action counts: {dict(Counter(a for a, _ in per_task_best.values()))}.\n"
-        )
-
-    # --- oracle sweep over the recorded configurations
-    for rewriter in sorted({r["rewriter"] for r in rows}):
-        matrix = matrix_from_rows(rows, rewriter)
-        names = sorted({m["config_name"] for m in matrix})
-        if len(names) < 2:
-            continue
-        oa = oracle_analysis(matrix)
-        if not oa.get("tasks"):
-            continue
-        slug = "".join(c if c.isalnum() else "_" for c in rewriter)
-        md.append(f"## Oracle sweep ({rewriter}): fixed configurations vs the per-task oracle\n")
-        pc = oa["per_configuration"]
-        md.append(
-            _table(
-                ["configuration", "geomean speedup", "accuracy", "wins"],
-                [
-                    [n, pc[n]["geomean_speedup"], pc[n]["accuracy"], pc[n]["wins"]]
-                    for n in oa["configurations"]
-                ],
-            )
-        )
-        lo, hi = oa["relative_gain_ci"]
-        md.append(
-            f"\nTasks: {oa['tasks']} (skipped, not answered for every configuration: {len(oa['skipped'])}); "
-            f"ties: {oa['ties']}. Best static: **{oa['best_static']}** ({oa['best_static_geomean']:.3f}x); "
-            f"oracle {oa['oracle_geomean']:.3f}x; relative gain **{oa['relative_gain']:.3f}** "
-            f"(bootstrap {oa['confidence']:.0%} CI [{lo:.3f}, {hi:.3f}], {oa['bootstrap']} resamples).\n"
-        )
-        png = out / f"oracle_wins_{slug}.png"
-        _bar(
-            png,
-            list(oa["configurations"]),
-            [pc[n]["wins"] for n in oa["configurations"]],
-            f"tasks won (strictly best) per configuration, {rewriter}",
-            "tasks",
-        )
-        md.append(f"\n![wins]({png.name})\n")
-        png = out / f"static_speedup_{slug}.png"
-        labels = list(oa["configurations"]) + ["oracle"]
-        _bar(
-            png,
-            labels,
-            [pc[n]["geomean_speedup"] for n in oa["configurations"]] + [oa["oracle_geomean"]],
-            f"geomean effective speedup, {rewriter}",
-            "speedup",
-            line=1.0,
-        )
-        md.append(f"\n![static]({png.name})\n")
-
-    # --- a training run
-    if run is not None:
-        md += _run_sections(run, out)
-    tree_file = (
-        Path(tree_path)
-        if tree_path
-        else (run / "tree.json" if run and (run / "tree.json").exists() else None)
-    )
-    if tree_file is not None:
-        md += _tree_section(tree_file, out)
-
-    # --- refinement from the tables (rounds > 0) when the run did not bring its own
-    if not (run and (run / "refinement.json").exists()):
-        later = [r for r in rows if r["round"] > 0 and r["kind"] != "action"]
-        if later:
-            md.append("## Rounds > 0 in the table\n")
-            by_round = defaultdict(list)
-            for r in later:
-                by_round[r["round"]].append(r)
-            md.append(
-                _table(
-                    ["round", "rows", "geomean speedup", "accuracy"],
-                    [
-                        [
-                            k,
-                            len(v),
-                            geomean(r["effective_speedup"] for r in v),
-                            sum(r["correct"] for r in v) / len(v),
-                        ]
-                        for k, v in sorted(by_round.items())
-                    ],
-                )
-            )
-    path = out / "report.md"
-    path.write_text("\n".join(md))
-    logger.info("wrote %s", path)
-    return path
-
-
-def _run_sections(run: Path, out: Path) -> list[str]:
-    md: list[str] = []
-    ev = run / "evaluation.json"
-    if ev.exists():
-        data = json.loads(ev.read_text())
-        summary = data["summary"]
-        md.append(
-            f"## Policies on held-out tasks ({data.get('split', 'test')}: {data.get('tasks', '?')} tasks)\n"
-        )
-        cols = [
-            "geomean_speedup",
-            "accuracy",
-            "fast_0",
-            "fast_1",
-            "fast_1.5",
-            "fast_2",
-            "mean_reward",
-            "passes_per_task",
-            "profile_seconds_per_task",
-            "llm_calls_per_task",
-            "missing",
-        ]
-        md.append(_table(["policy", *cols], [[p, *[s.get(c) for c in cols]] for p, s in summary.items()]))
-        if data.get("verdict"):
-            md.append(f"\n{data['verdict']}\n")
-        png = out / "policy_speedup.png"
-        _bar(
-            png,
-            list(summary),
-            [s["geomean_speedup"] for s in summary.values()],
-            "geomean effective speedup per policy (held-out tasks)",
-            "speedup",
-            line=1.0,
-        )
-        md.append(f"\n![policies]({png.name})\n")
-        levels = sorted({lvl for s in summary.values() for lvl in s.get("by_level", {})})
-        if len(levels) > 1:
-            md.append("\nPer tier (geomean speedup / accuracy):\n")
-            md.append(
-                _table(
-                    ["policy", *[f"level {lvl}" for lvl in levels]],
-                    [
-                        [
-                            p,
-                            *[_level_cell(s["by_level"].get(lvl)) for lvl in levels],
-                        ]
-                        for p, s in summary.items()
-                    ],
-                )
-            )
-    log = run / "proposals.jsonl"
-    if log.exists():
-        decisions = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
-        md.append(
-            f"## Learning log ({len(decisions)} decisions, "
-            f"{sum(d['accepted'] for d in decisions)} accepted)\n"
-        )
-        md.append(
-            _table(
-                ["#", "proposal", "affected", "mean gain", "LCB", "accepted", "why"],
-                [
-                    [
-                        d["decision"],
-                        d["description"],
-                        d["affected_tasks"],
-                        (d["stats"] or {}).get("mean"),
-                        (d["stats"] or {}).get("lcb"),
-                        "yes" if d["accepted"] else "no",
-                        d["reason"].splitlines()[0][:90],
-                    ]
-                    for d in decisions
-                ],
-            )
-        )
-        state = run / "state.json"
-        if state.exists():
-            ev = json.loads(state.read_text()).get("evaluations", {})
-            md.append(
-                f"\nEvaluations: probe sweep {ev.get('sweep')}, "
-                f"candidate evaluations spent {ev.get('spent')} "
-                f"vs {ev.get('naive')} for a naive full re-evaluation of every candidate; "
-                f"new (task, configuration) cells {ev.get('new_cells')}.\n"
-            )
-    ref = run / "refinement.json"
-    if ref.exists():
-        rows = json.loads(ref.read_text())["rows"]
-        md.append("## Iterative refinement\n")
-        missing = [r for r in rows if r.get("missing")]
-        if missing:
-            md.append(
-                f"{len(missing)} task(s) stopped early (the environment could not answer a round); first: "
-                f"{missing[0]['missing'][:200]}\n"
-            )
-        if any(not r.get("missing") for r in rows):
-            png = out / "refinement.png"
-            _refinement_plot(png, rows)
-            md.append(f"\n![refinement]({png.name})\n")
+    md.append(f"\n![refinement]({png.name})\n")
     return md
-
-
-def _level_cell(s: dict | None) -> str:
-    return "-" if s is None else f"{s['geomean_speedup']:.3f} / {s['accuracy']:.2f}"
 
 
 def _tree_section(tree_file: Path, out: Path) -> list[str]:
@@ -455,12 +563,69 @@ def _tree_section(tree_file: Path, out: Path) -> list[str]:
         "```\n" + export_text(tree) + "```\n",
         "```mermaid\n" + export_mermaid(tree) + "```\n",
     ]
-    try:
-        png = draw_tree(tree, out / "tree.png")
-        md.append(f"\n![tree]({png.name})\n")
-    except Exception as e:  # the drawing is a nice-to-have; the text above is the record
-        logger.warning("could not draw the tree: %s", e)
+    png = draw_tree(tree, out / "tree.png")
+    md.append(f"\n![tree]({png.name})\n")
     return md
+
+
+# --- the report ----------------------------------------------------------------------------------------
+def build_report(
+    table_dir: str | Path,
+    out: str | Path,
+    run_dir: str | Path | None = None,
+    tree_path: str | Path | None = None,
+    title: str = "autoprofiler report",
+) -> Path:
+    """Write ``out/report.md`` and its PNGs; returns the Markdown path.
+
+    Args:
+        table_dir: a recording folder with ``rewards/`` (and ``profiles/``).
+        out: the output folder (created).
+        run_dir: a ``workflows/train.py`` output folder to add (evaluation, learning log, refinement).
+        tree_path: a tree JSON to show; default: the run's ``tree.json`` when there is one.
+        title: the report's first heading.
+
+    Raises:
+        FileNotFoundError: ``table_dir`` has no ``rewards/`` table.
+        tables.TableSchemaError: a table part of another table or a newer schema.
+    """
+    table_dir, out = Path(table_dir), Path(out)
+    rewards_dir = table_dir / "rewards"
+    if not rewards_dir.is_dir():
+        raise FileNotFoundError(
+            f"expected a reward table at {rewards_dir} (a recording folder); it is not there"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    rewards = reward_frame(rewards_dir)
+    profiles = profile_frame(table_dir / "profiles") if (table_dir / "profiles").is_dir() else None
+    run = Path(run_dir) if run_dir else None
+    md = [f"# {title}\n", f"Tables: `{table_dir}`" + (f"; run: `{run}`" if run else "") + "\n"]
+    md += _recorded_section(rewards, profiles)
+    actions = rewards.filter((pl.col("kind") == "action") & (pl.col("round") == 0))
+    for rewriter in sorted(actions["rewriter"].unique().to_list()):
+        md += _actions_section(actions.filter(pl.col("rewriter") == rewriter), rewriter, out)
+    for rewriter in sorted(rewards["rewriter"].unique().to_list()):
+        md += _oracle_section(rewards, rewriter, out)
+    if run is not None:
+        if (run / "evaluation.json").exists():
+            md += _policies_section(json.loads((run / "evaluation.json").read_text()), out)
+        if (run / "proposals.jsonl").exists():
+            md += _learning_section(run)
+        if (run / "refinement.json").exists():
+            md += _refinement_section(json.loads((run / "refinement.json").read_text())["rows"], out)
+    tree_file = (
+        Path(tree_path)
+        if tree_path
+        else (run / "tree.json" if run and (run / "tree.json").exists() else None)
+    )
+    if tree_file is not None:
+        md += _tree_section(tree_file, out)
+    if not (run and (run / "refinement.json").exists()):  # the run's own curve replaces the table's
+        md += _rounds_section(rewards)
+    path = out / "report.md"
+    path.write_text("\n".join(md))
+    logger.info("wrote %s", path)
+    return path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -476,7 +641,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         path = build_report(args.table_dir, args.out, args.run, args.tree, args.title)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, TableSchemaError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(path)

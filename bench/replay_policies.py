@@ -6,8 +6,8 @@ evaluation were recorded on the GPU; the rule rewriter's decision is re-run on t
 Policies: blind, the four fixed configurations, the seed tree, the per-task oracle. The summary is over
 the tasks recorded with every group, so every policy is judged on the same tasks; a second table gives
 the tasks whose recording lacks a group, each cell answered where that policy's groups were recorded
-("n/a" otherwise). This is not a live `autoprofiler optimize` run: each (task, action) was evaluated
-once, during the recording.
+("n/a" otherwise). Both tables are polars aggregations of the outcome rows. This is not a live
+`autoprofiler optimize` run: each (task, action) was evaluated once, during the recording.
 """
 
 from __future__ import annotations
@@ -18,13 +18,16 @@ import logging
 import sys
 from pathlib import Path
 
+import polars as pl
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autoprofiler.analysis import evaluate_policies  # noqa: E402
+from autoprofiler.analysis import evaluate_policies, outcome_frame, summary_frame  # noqa: E402
 from autoprofiler.environments import ReplayEnvironment  # noqa: E402
 from autoprofiler.policies import Blind, Static, TreePolicy  # noqa: E402
 from autoprofiler.profiling import CONFIGURATIONS, GROUPS  # noqa: E402
+from autoprofiler.report import markdown_table  # noqa: E402
 from autoprofiler.rewriters import RuleRewriter  # noqa: E402
 from autoprofiler.tasks import load_tasks  # noqa: E402
 from autoprofiler.tree import load_tree  # noqa: E402
@@ -72,6 +75,21 @@ def main(argv=None) -> int:
     data = {"meta": meta, "summary": summary, "rows": rows, "partial_rows": partial_rows}
     out.with_suffix(".json").write_text(json.dumps(data, indent=1, default=str))
     cols = ["blind", *[f"static:{n}" for n in names], "seed_tree", "oracle"]
+    summary_table = (
+        summary_frame(outcome_frame(rows, keys=("policy",)), ["policy"])
+        .select(
+            "policy",
+            pl.col("geomean_speedup").alias("geomean speedup"),
+            "accuracy",
+            "fast_1",
+            pl.col("passes_per_task").alias("passes/task"),
+            pl.col("profile_seconds_per_task").alias("profile s/task"),
+        )
+        .join(pl.DataFrame({"policy": cols}).with_row_index("order"), on="policy")
+        .sort("order")
+        .drop("order")
+    )
+    formats = {"accuracy": ".2f", "fast_1": ".2f", "passes/task": ".1f", "profile s/task": ".1f"}
     lines = [
         f"# Policies on the recording `{args.recording}` (replay; rewriter {rewriter.identity})",
         "",
@@ -80,39 +98,25 @@ def main(argv=None) -> int:
         "policy's groups, and the recorded speedup of that action (effective: 1.0 when not correct). Not a "
         "live `optimize` run: each (task, action) was evaluated once, during the recording.",
         "",
-        "| policy | geomean speedup | accuracy | fast_1 | passes/task | profile s/task |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+        markdown_table(summary_table, formats).rstrip("\n"),
+        "",
+        markdown_table(per_task_table(rows, cols)).rstrip("\n"),
     ]
-    for c in cols:
-        s = summary[c]
-        lines.append(
-            f"| {c} | {s['geomean_speedup']:.3f} | {s['accuracy']:.2f} | {s['fast_1']:.2f} | "
-            f"{s['passes_per_task']:.1f} | {s['profile_seconds_per_task']:.1f} |"
-        )
-
-    def table(task_list, table_rows):
-        by = {(r["policy"], r["task_id"]): r for r in table_rows}
-        out = ["| task | seed leaf | " + " | ".join(cols) + " |", "| --- | --- |" + " --- |" * len(cols)]
-        for t in task_list:
-            cells = []
-            for c in cols:
-                r = by[(c, t.id)]
-                cells.append("n/a" if r["missing"] else f"{r['action'] or '-'} {r['effective_speedup']:.2f}")
-            leaf = by[("seed_tree", t.id)]["leaf"] or "n/a"
-            out.append(f"| {t.id} | {leaf} | " + " | ".join(cells) + " |")
-        return out
-
-    lines += ["", *table(tasks, rows)]
     if partial:
-        answered = {c: sum(1 for r in partial_rows if r["policy"] == c and not r["missing"]) for c in cols}
+        answered = (
+            outcome_frame(partial_rows, keys=("policy",))
+            .group_by("policy")
+            .agg((~pl.col("missing")).sum().alias("answered"))
+        )
+        counts = dict(answered.iter_rows())
         lines += [
             "",
             f"## The {len(partial)} tasks recorded without every group",
             "",
             "Cells answered where the policy's groups were recorded, else n/a; not in the summary above. "
-            "Answered per policy: " + ", ".join(f"{c} {n}/{len(partial)}" for c, n in answered.items()) + ".",
+            "Answered per policy: " + ", ".join(f"{c} {counts.get(c, 0)}/{len(partial)}" for c in cols) + ".",
             "",
-            *table(partial, partial_rows),
+            markdown_table(per_task_table(partial_rows, cols)).rstrip("\n"),
         ]
     if unrecorded:
         lines += [
@@ -120,8 +124,33 @@ def main(argv=None) -> int:
             f"No profile recorded ({len(unrecorded)}; policies cannot be replayed): {', '.join(unrecorded)}.",
         ]
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines[: 12 + len(cols)]))
+    print("\n".join(lines[:6]))
     return 0
+
+
+def per_task_table(rows: list[dict], policies: list[str]) -> pl.DataFrame:
+    """task, the seed tree's leaf, then per policy "<action> <effective speedup>" ("n/a": unanswered)."""
+    frame = pl.DataFrame(
+        {
+            "task": [r["task_id"] for r in rows],
+            "policy": [r["policy"] for r in rows],
+            "leaf": [r["leaf"] for r in rows],
+            "action": [r["action"] for r in rows],
+            "effective_speedup": pl.Series([r["effective_speedup"] for r in rows], dtype=pl.Float64),
+            "missing": [bool(r["missing"]) for r in rows],
+        }
+    )
+    two_decimals = pl.col("effective_speedup").map_elements(lambda v: f"{v:.2f}", return_dtype=pl.String)
+    cell = (
+        pl.when(pl.col("missing"))
+        .then(pl.lit("n/a"))
+        .otherwise(pl.format("{} {}", pl.col("action").fill_null("-"), two_decimals))
+    )
+    leaves = frame.filter(pl.col("policy") == "seed_tree").select(
+        "task", pl.col("leaf").fill_null("n/a").alias("seed leaf")
+    )
+    wide = frame.with_columns(cell.alias("cell")).pivot(on="policy", index="task", values="cell")
+    return leaves.join(wide, on="task", maintain_order="left").select("task", "seed leaf", *policies)
 
 
 if __name__ == "__main__":

@@ -4,23 +4,29 @@ from __future__ import annotations
 
 import math
 
+import polars as pl
 import pytest
 from conftest import REPLAY_FIXTURE, load_replay_fixture
 
 from autoprofiler.analysis import (
     evaluate_policies,
     geomean,
+    geomean_expr,
     oracle_analysis,
     outcome_matrix,
+    profile_frame,
     refine,
+    reward_frame,
     split_tasks,
     summarize,
 )
 from autoprofiler.environments import ReplayEnvironment
 from autoprofiler.policies import Blind, Static, TreePolicy
 from autoprofiler.profiling.groups import CONFIGURATIONS, GROUPS
-from autoprofiler.report import build_report, main
+from autoprofiler.report import build_report, main, markdown_table
+from autoprofiler.rewards import REWARD_SCHEMA, configuration_name
 from autoprofiler.rewriters.rule import RuleRewriter
+from autoprofiler.tables import PROFILE_SCHEMA, ParquetTable, TableSchemaError
 from autoprofiler.tasks import Task
 from autoprofiler.tree import load_tree, vocabulary_from_catalog
 
@@ -90,6 +96,41 @@ def test_summarize_follows_kernelbench_fast_p():
     assert s["geomean_speedup"] == pytest.approx(geomean([2.5, 1.2, 0.8, 1.0]))
 
 
+def test_summarize_counts_missing_rows_as_wrong_and_unchanged():
+    """A missing row: not correct, speedup 1.0 in the geomean, reward 0; costs still count; key order."""
+    rows = [
+        {"correct": True, "speedup": 4.0, "effective_speedup": 4.0, "reward": 1.0, "passes": 3},
+        {
+            "missing": "no row for this cell",
+            "correct": True,
+            "speedup": 9.0,
+            "effective_speedup": 9.0,
+            "reward": 5.0,
+            "passes": 1,
+            "profile_seconds": 2.0,
+        },
+    ]
+    s = summarize(rows)
+    assert (s["tasks"], s["answered"], s["missing"]) == (2, 1, 1)
+    assert s["geomean_speedup"] == pytest.approx(2.0) and s["mean_speedup"] == pytest.approx(2.5)
+    assert s["accuracy"] == 0.5 and s["fast_2"] == 0.5 and s["mean_reward"] == 0.5
+    assert s["passes_per_task"] == 2.0 and s["profile_seconds_per_task"] == 1.0
+    assert list(s) == [
+        "tasks", "answered", "missing", "geomean_speedup", "mean_speedup", "accuracy", "mean_reward",
+        "passes_per_task", "profile_seconds_per_task", "llm_calls_per_task",
+        "fast_0", "fast_1", "fast_1.5", "fast_2",
+    ]  # fmt: skip
+    assert summarize([]) == {"tasks": 0}
+
+
+def test_geomean_is_one_polars_expression():
+    """geomean (a list) and geomean_expr (a column) agree; non-positive values are clipped, none is 1."""
+    frame = pl.DataFrame({"g": ["a", "a", "b"], "v": [1.0, 4.0, 0.0]})
+    by = dict(frame.group_by("g").agg(geomean_expr("v")).iter_rows())
+    assert by["a"] == pytest.approx(geomean([1.0, 4.0])) == pytest.approx(2.0)
+    assert by["b"] == pytest.approx(1e-12) and geomean([]) == 1.0
+
+
 def test_evaluate_policies_on_the_fixture(env):
     """Static, blind, tree and oracle policies give the hand-computed geomeans; costs are counted."""
     policies = {
@@ -141,6 +182,22 @@ def test_oracle_analysis_by_hand():
     assert oa["relative_gain"] == pytest.approx(2 ** (1 / 3))
     lo, hi = oa["relative_gain_ci"]
     assert 1.0 <= lo <= hi <= 2.0
+    assert oracle_analysis(pl.DataFrame(matrix), bootstrap=500) == oa  # a frame of the rows: the same
+
+
+def test_oracle_analysis_skips_incomplete_tasks_and_reads_the_last_row():
+    """A task missing a configuration is skipped; a cell given twice counts its last row."""
+    matrix = [
+        {"task_id": "t0", "config_name": "a", "effective_speedup": 1.0, "correct": True, "missing": ""},
+        {"task_id": "t0", "config_name": "b", "effective_speedup": 1.0, "correct": True, "missing": ""},
+        {"task_id": "t1", "config_name": "a", "effective_speedup": 2.0, "correct": True, "missing": ""},
+        {"task_id": "t1", "config_name": "b", "missing": "not recorded"},
+        {"task_id": "t0", "config_name": "b", "effective_speedup": 3.0, "correct": True, "missing": ""},
+    ]
+    oa = oracle_analysis(matrix, bootstrap=50)
+    assert oa["tasks"] == 1 and oa["skipped"] == ["t1"] and oa["best_static"] == "b"
+    assert oa["per_task"] == [{"task_id": "t0", "a": 1.0, "b": 3.0, "best": ["b"]}]
+    assert oa["per_configuration"]["b"] == {"geomean_speedup": pytest.approx(3.0), "accuracy": 1.0, "wins": 1}
 
 
 def test_oracle_sweep_on_the_fixture(env):
@@ -169,7 +226,90 @@ def test_report_from_the_tables(tmp_path):
     assert "```mermaid" in text and "relative gain" in text
     pngs = {p.name for p in (tmp_path / "r").glob("*.png")}
     assert {"oracle_wins_rule_v2.png", "static_speedup_rule_v2.png", "tree.png"} <= pngs
+    assert "actions_rule_v1.png" in pngs
     assert main([str(tmp_path / "nothing"), "--out", str(tmp_path / "x")]) == 2
+
+
+def test_tables_read_as_polars_frames_schema_checked(tmp_path, capsys):
+    """reward_frame/profile_frame: the schema's columns; a profile part in rewards/ is refused (exit 2)."""
+    rewards = reward_frame(FIXTURE / "rewards")
+    assert rewards.columns == REWARD_SCHEMA.names and rewards.height == 190
+    assert profile_frame(FIXTURE / "profiles")["group"].n_unique() == len(fx.RECORDED_GROUPS)
+    with pytest.raises(FileNotFoundError):
+        reward_frame(tmp_path / "none")
+    wrong = ParquetTable(tmp_path / "rec" / "rewards", PROFILE_SCHEMA, flush_every=1, writer="arrow")
+    wrong.append({"key": "k", "task_hash": "h", "group": "root"})
+    with pytest.raises(TableSchemaError):
+        reward_frame(tmp_path / "rec" / "rewards")
+    assert main([str(tmp_path / "rec"), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: ") and "expected a 'reward' table" in err and "\n" not in err
+
+
+def test_markdown_table_exact():
+    """Floats with 3 decimals unless a format is given, nulls empty, other values as str."""
+    frame = pl.DataFrame({"name": ["a", None], "x": [1.23456, float("nan")], "n": [3, 4]})
+    assert markdown_table(frame, {"x": ".1f"}) == (
+        "| name | x | n |\n|---|---|---|\n| a | 1.2 | 3 |\n|  | n/a | 4 |\n"
+    )
+
+
+def _write_rewards(directory, rows):
+    """A hand-made reward table: each row a dict of the columns that matter here (rewriter rule-v1)."""
+    table = ParquetTable(directory / "rewards", REWARD_SCHEMA, flush_every=10_000, writer="arrow")
+    for i, r in enumerate(rows):
+        eff = r["speedup"] if r.get("correct", True) else 1.0
+        table.append(
+            {
+                "key": f"k{i}",
+                "task_id": r["task"],
+                "task_hash": r["task"],
+                "level": 1,
+                "kind": "action" if "action" in r else "configuration",
+                "configuration": configuration_name(CONFIGURATIONS[r["config"]]) if "config" in r else "",
+                "rewriter": "rule-v1",
+                "seed": 0,
+                "round": 0,
+                "action": r.get("action", "keep"),
+                "correct": r.get("correct", True),
+                "speedup": r["speedup"],
+                "effective_speedup": eff,
+                "reward": math.log(eff) if eff > 1 else 0.0,
+                "run_id": "hand",
+            }
+        )
+    table.close()
+
+
+def test_report_states_only_what_the_tables_show(tmp_path):
+    """Actions not recorded on every task: the best-action bound is over the complete tasks only (so it
+    is at least keep's geomean there) and the text says so; an all-tie sweep draws no wins chart."""
+    _write_rewards(
+        tmp_path,
+        [
+            {"task": "t0", "action": "keep", "speedup": 1.0},
+            {"task": "t0", "action": "cuda_graph", "speedup": 1.5},
+            {"task": "t1", "action": "keep", "speedup": 1.2},
+            {"task": "t1", "action": "cuda_graph", "speedup": 0.8},
+            {"task": "t2", "action": "cuda_graph", "speedup": 0.25},  # keep never recorded on t2
+            *[
+                {"task": t, "config": c, "speedup": s}
+                for t, s in (("t0", 1.5), ("t1", 1.2))
+                for c in ("memory", "latency")
+            ],
+        ],
+    )
+    text = build_report(tmp_path, tmp_path / "out").read_text()
+    assert "2 actions over 3 tasks: 2 of them with a row for every action" in text
+    assert "evaluated once on each of" not in text
+    assert "2 of 3 tasks with a row for every action: geomean 1.342x" in text  # sqrt(1.5 * 1.2)
+    assert "the best single action on the same tasks gives 1.095x (cuda_graph = keep)" in text
+    assert "cuda_graph 1, keep 1; tasks where several actions tie for best: 0" in text
+    assert "| keep | 2 | 2 | 1.000 | 1.095 |" in text  # keep on its 2 tasks: sqrt(1.0 * 1.2)
+    assert "No configuration is strictly best on any task (ties: 2 of 2), so there is no wins chart" in text
+    assert "Best static: **memory** (1.342x; tied with latency)" in text
+    pngs = {p.name for p in (tmp_path / "out").glob("*.png")}
+    assert pngs == {"actions_rule_v1.png", "static_speedup_rule_v1.png"}
 
 
 def test_report_with_a_training_run(tmp_path, env):
@@ -193,6 +333,16 @@ def test_report_with_a_training_run(tmp_path, env):
     rows, summary = evaluate_policies(TASKS, {"tree": TreePolicy(tree), "oracle": PROBES}, env)
     (run / "evaluation.json").write_text(json.dumps({"tasks": len(TASKS), "summary": summary, "rows": rows}))
     ref = refine(TASKS[:3], TreePolicy(tree), env, rounds=2)
+    (run / "refinement.json").write_text(json.dumps({"rows": ref}))
+    text = build_report(FIXTURE, tmp_path / "one", run_dir=run).read_text()
+    assert "Only round 0 was answered, so there is no refinement curve" in text  # the replay stops at 0
+    assert not (tmp_path / "one" / "refinement.png").exists()
+    # a second round, as a live run answers it, makes a curve
+    ref += [
+        {**r, "round": 1, "cumulative_speedup": 1.1 * r["cumulative_speedup"], "cumulative_seconds": 2.0}
+        for r in ref
+        if not r["missing"]
+    ]
     (run / "refinement.json").write_text(json.dumps({"rows": ref}))
     path = build_report(FIXTURE, tmp_path / "out", run_dir=run)
     text = path.read_text()

@@ -1,16 +1,13 @@
 """Rewriters: code extraction, LLMRewriter over a loopback server, RuleRewriter decisions and candidates.
 
-CPU: ``python -m pytest tests/test_rewriters.py -m "not slow"`` (about 30 s on 2 CPUs).
-H200: ``python -m pytest tests/test_rewriters.py -m gpu -s`` evaluates every rule action on suite tasks on
-CUDA and writes ``rule_actions_<gpu>.json`` / ``.md`` to ``$AUTOPROFILER_RESULTS_DIR`` (default: a temp dir);
-``AUTOPROFILER_RULE_GPU_TASKS=all`` widens it from a few tasks to the whole suite.
+CPU: ``python -m pytest tests/test_rewriters.py -m "not slow"`` (about 30 s on 2 CPUs). The sweep of every
+rule action over suite tasks (on CPU and on CUDA) is ``workflows/rule_sweep.py``, tested in
+``tests/test_workflows.py``.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 import threading
 from pathlib import Path
 
@@ -43,7 +40,6 @@ from autoprofiler.rewriters.rule import (
     build_source,
     rename_model,
 )
-from autoprofiler.rewriters.sweep import render_markdown, summarize
 from autoprofiler.tasks import Task, load_task_file
 
 REPO = Path(__file__).resolve().parents[1]
@@ -592,79 +588,3 @@ def test_torch_compile_passes_the_evaluator_on_cpu(cpu_evaluator):
     task = suite_task("l1/relu")
     result = cpu_evaluator.evaluate(task, RuleRewriter().source_for(task, "torch_compile"))
     assert result.correct, f"{result.error_kind}: {result.error}"
-
-
-# ------------------------------------------------------------------------------------------------
-# The action sweep (autoprofiler/rewriters/sweep.py)
-# ------------------------------------------------------------------------------------------------
-def test_sweep_summary_and_markdown():
-    """Per-action counts and geomeans (effective: failures count as 1.0), and the Markdown table."""
-    rows = [
-        {
-            "task": "a",
-            "action": "keep",
-            "correct": True,
-            "error_kind": None,
-            "error": "",
-            "ref_ms": 1.0,
-            "new_ms": 1.0,
-            "speedup": 1.0,
-            "wall_s": 1.0,
-        },
-        {
-            "task": "a",
-            "action": "cuda_graph",
-            "correct": True,
-            "error_kind": None,
-            "error": "",
-            "ref_ms": 1.0,
-            "new_ms": 0.25,
-            "speedup": 4.0,
-            "wall_s": 1.0,
-        },
-        {
-            "task": "b",
-            "action": "cuda_graph",
-            "correct": False,
-            "error_kind": "runtime_error",
-            "error": "capture failed | sync",
-            "ref_ms": None,
-            "new_ms": None,
-            "speedup": None,
-            "wall_s": 1.0,
-        },
-    ]
-    summary = {s["action"]: s for s in summarize(rows)}
-    assert (summary["cuda_graph"]["evaluated"], summary["cuda_graph"]["correct"]) == (2, 1)
-    assert summary["cuda_graph"]["geomean_speedup_correct"] == pytest.approx(4.0)
-    assert summary["cuda_graph"]["geomean_effective_speedup"] == pytest.approx(2.0)
-    text = render_markdown(rows, "t")
-    assert "| b | cuda_graph | no | - | - | - | runtime_error: capture failed / sync |" in text
-    assert "| cuda_graph | 2 | 1 | 4.000 | 2.000 |" in text
-
-
-# ------------------------------------------------------------------------------------------------
-# GPU: every action on suite tasks on CUDA
-# ------------------------------------------------------------------------------------------------
-GPU_TASKS = "l1/matmul_square,l1/conv2d,l1/tiny_add,l2/linear_gelu,l2/swish_chain,l3/resnet_basic_block"
-
-
-@pytest.mark.gpu
-def test_every_action_on_cuda():
-    """Every action on a few suite tasks on CUDA (tf32 also at 1e-2); writes the table; keep must pass.
-
-    ``AUTOPROFILER_RULE_GPU_TASKS`` overrides the task list (comma-separated, or ``all``);
-    ``AUTOPROFILER_RESULTS_DIR`` is where the table goes (default: a temp dir).
-    """
-    from autoprofiler.rewriters import sweep
-
-    wanted = os.environ.get("AUTOPROFILER_RULE_GPU_TASKS", GPU_TASKS)
-    out = os.environ.get("AUTOPROFILER_RESULTS_DIR") or tempfile.mkdtemp(prefix="rule_actions_")
-    argv = [str(SUITE), "--device", "cuda", "--jobs", "3", "--out", out, "--timing-trials", "50"]
-    assert sweep.main(argv + ([] if wanted == "all" else ["--tasks", wanted])) == 0
-    produced = json.loads(next(Path(out).glob("rule_actions_*.json")).read_text())
-    rows = produced["rows"]
-    failed_keep = [r for r in rows if r["action"] == "keep" and not r["correct"]]
-    assert not failed_keep, failed_keep
-    for label in ("torch_compile", "cuda_graph", "channels_last", "tf32@0.01"):
-        assert any(r["correct"] for r in rows if r["action"] == label), f"{label} passed on no task"

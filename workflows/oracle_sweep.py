@@ -3,178 +3,181 @@
 The recording is what the replay environment answers from; the analysis is the paper's Figure 2 /
 Table 6 (each fixed configuration per task, best static, per-task oracle, wins, bootstrap CI).
 
-On the H200 (writes datasets/h200_suite/; resumable: run it again to continue after a stop):
+Run (embedded default: two suite tasks on CPU with torch.profiler, GpuWorker actors on a local Ray):
 
-    python3 workflows/oracle_sweep.py --out datasets/h200_suite --source ncu --device cuda --max-seconds 540
+    python workflows/oracle_sweep.py
+    python workflows/oracle_sweep.py --config workflows/oracle_sweep.yaml key=value ...   # dotted for nesting
+    python workflows/oracle_sweep.py out_dir=runs/rec filter='[relu, softmax_rows]' runtime.ray=false
 
-On a CPU (torch.profiler source, small shapes):
+On the H200 (no Ray there: in this process; resumable, run it again to continue after a stop):
 
-    python workflows/oracle_sweep.py --out runs/cpu_suite --source torch --device cpu --task-size small \
-        --tasks datasets/suite --filter matmul_square,relu --timing-trials 10
+    python3 workflows/oracle_sweep.py --config workflows/oracle_sweep_h200.yaml max_seconds=540
 
-Analysis only, from existing tables (no GPU): ``--analyse-only`` (also writes the report when matplotlib
-is installed; or ``python -m autoprofiler.report datasets/h200_suite --out reports/h200_suite``).
+On a Ray cluster (docs/cluster.md):
 
-Imports only what the GPU machine has (torch, pyarrow, numpy, scipy): no ray, polars, openai or yaml.
+    ray job submit --working-dir . -- python workflows/oracle_sweep.py out_dir=/shared/rec ...
+
+Analysis only, from tables already recorded (no GPU): ``analyse_only=true``.
+
+Outputs in ``out_dir``: ``profiles/``, ``rewards/``, ``candidates/`` (Parquet, partitioned by run),
+``config.json`` (this call's resolved config and provenance), ``summary.json`` (this call's counts and
+failures), ``oracle.json``, ``README.md`` and ``report/`` (``report_dir``). Recording needs torch and
+pyarrow only; the analysis needs polars (and matplotlib for the report) and says how to run it elsewhere
+when they are missing.
 """
 
 from __future__ import annotations
 
-import argparse
 import datetime as _dt
 import json
-import logging
 import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:  # runs from a bare checkout too (the GPU machine has no install)
+if str(REPO) not in sys.path:  # a bare checkout (the GPU machine, ray job submit --working-dir .) runs it too
     sys.path.insert(0, str(REPO))
 
+from autoprofiler.workflow import (  # noqa: E402
+    ConfigError,
+    EnvironmentProblem,
+    configure_logging,
+    load_config,
+    make_runner,
+    save_config,
+    select_tasks,
+    task_problems,
+    worker_problems,
+    worker_spec,
+)
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--out", required=True, help="the recording folder (profiles/, rewards/, candidates/)")
-    p.add_argument("--tasks", default="datasets/suite", help="what autoprofiler.tasks.load_tasks reads")
-    p.add_argument("--filter", default="", help="comma-separated task id suffixes (default: all)")
-    p.add_argument("--max-tasks", type=int, default=0, help="0: all")
-    p.add_argument("--source", choices=("ncu", "torch"), default="ncu")
-    p.add_argument("--device", default="cuda")
-    p.add_argument("--task-size", choices=("full", "small"), default="full")
-    p.add_argument("--groups", default="", help="comma-separated groups (default: every group of the source)")
-    p.add_argument("--timing-trials", type=int, default=100)
-    p.add_argument("--correctness-trials", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=10)
-    p.add_argument("--eval-timeout", type=float, default=300.0)
-    p.add_argument("--seeds", default="0", help="comma-separated evaluation seeds")
-    p.add_argument(
-        "--jobs", type=int, default=1, help="candidates evaluated at once (timing stays exclusive)"
-    )
-    p.add_argument("--joint", action="store_true", help="all groups of a task in one profiled process")
-    p.add_argument(
-        "--evaluate-only",
-        action="store_true",
-        help="no profiling and no configuration rows: evaluate every rule action of every task (the replay "
-        "environment derives each configuration's row from the recorded profiles and these)",
-    )
-    p.add_argument(
-        "--range-replay-above",
-        type=int,
-        default=None,
-        help="ncu: tasks whose root shows more kernels than this get their other groups by range replay",
-    )
-    p.add_argument("--joint-batch", type=int, default=8, help="tasks per joint profiled process (default 8)")
-    p.add_argument("--max-seconds", type=float, default=None, help="stop starting new work after this long")
-    p.add_argument("--analyse-only", action="store_true", help="no recording: analyse the existing tables")
-    p.add_argument("--report", default=None, help="report folder (default: <out>/report)")
-    return p.parse_args(argv)
+CONFIG_PATH = Path(__file__).with_name("oracle_sweep.yaml")
+NESTED = ("rewriter_options", "eval", "runtime")  # sections that take dotted overrides
 
 
-def load_suite(args):
-    from autoprofiler.tasks import load_tasks
-
-    spec = Path(args.tasks)
-    report = load_tasks(spec if spec.is_absolute() else REPO / spec)
-    tasks = list(report.tasks)
-    if args.filter:
-        wanted = {w.strip() for w in args.filter.split(",") if w.strip()}
-        tasks = [t for t in tasks if t.id.split("/")[-1] in wanted or t.id in wanted]
-    if args.max_tasks:
-        tasks = tasks[: args.max_tasks]
-    return tasks, report
+def _path(spec: str) -> Path:
+    return Path(spec) if Path(spec).is_absolute() else REPO / spec
 
 
-def configurations_for(source: str) -> dict[str, tuple[str, ...]]:
+def _source_groups(source: str) -> list[str]:
+    from autoprofiler.profiling import GROUPS
+
+    return [g for g, m in GROUPS.items() if m.source == source]
+
+
+def configurations_for(source: str, names: list[str] | None = None) -> dict[str, tuple[str, ...]]:
+    """The fixed configurations (``profiling.CONFIGURATIONS``) of one profile source (``names``: those)."""
     from autoprofiler.profiling import CONFIGURATIONS
 
     torch_names = {k for k in CONFIGURATIONS if k.startswith("torch_")}
-    names = torch_names if source == "torch" else set(CONFIGURATIONS) - torch_names
-    return {k: tuple(v) for k, v in CONFIGURATIONS.items() if k in names}
+    mine = torch_names if source == "torch" else set(CONFIGURATIONS) - torch_names
+    wanted = mine if names is None else set(names)
+    return {k: tuple(v) for k, v in CONFIGURATIONS.items() if k in mine and k in wanted}
 
 
-def record_suite(args, tasks, out: Path) -> dict:
-    from autoprofiler.environments import LiveEnvironment, record
-    from autoprofiler.evaluation import EvalConfig, Evaluator
-    from autoprofiler.profiling import GROUPS, Profiler
+def check(cfg: dict) -> list[str]:
+    """Problems with values and paths, found before any work starts."""
     from autoprofiler.rewriters import RuleRewriter
 
-    groups = [g.strip() for g in args.groups.split(",") if g.strip()] or [
-        g for g, m in GROUPS.items() if m.source == args.source
-    ]
-    if args.evaluate_only:
-        groups = []
-    profiler = Profiler(
-        source=args.source,
-        device=args.device,
-        task_size=args.task_size,
-        range_replay_above=args.range_replay_above if args.source == "ncu" else None,
+    problems = worker_problems(cfg)
+    problems += task_problems(
+        _path(cfg["tasks"]) if isinstance(cfg["tasks"], str) else None, cfg["filter"], cfg["max_tasks"]
     )
-    config = EvalConfig(
-        device=args.device,
-        task_size=args.task_size,
-        timing_trials=args.timing_trials,
-        correctness_trials=args.correctness_trials,
-        warmup=args.warmup,
-        timeout_s=args.eval_timeout,
-        # with several jobs, compile and check concurrently but time one candidate at a time
-        timing_lock=str(out / ".timing.lock") if args.jobs > 1 else None,
-    )
-    evaluator = Evaluator(config, spares=max(1, args.jobs))
-    provenance = {}
+    if isinstance(cfg["groups"], list) and cfg["source"] in ("ncu", "torch"):
+        unknown = [g for g in cfg["groups"] if g not in _source_groups(cfg["source"])]
+        if unknown:
+            known = ", ".join(_source_groups(cfg["source"]))
+            problems.append(f"groups: {unknown} are not {cfg['source']} groups (known: {known})")
+    if isinstance(cfg["configurations"], list) and cfg["source"] in ("ncu", "torch"):
+        known = ", ".join(configurations_for(cfg["source"]))
+        unknown = [c for c in cfg["configurations"] if c not in configurations_for(cfg["source"])]
+        if unknown:
+            problems.append(f"configurations: {unknown} are not of source {cfg['source']} (known: {known})")
+    if isinstance(cfg["actions"], list):
+        unknown = [a for a in cfg["actions"] if a not in RuleRewriter.actions()]
+        if unknown:
+            problems.append(f"actions: {unknown} are not rule actions (known: {RuleRewriter.actions()})")
+    seeds = cfg["seeds"]
+    if isinstance(seeds, list) and (not seeds or not all(type(s) is int for s in seeds)):
+        problems.append(f"seeds: expected a non-empty list of integers, got {cfg['seeds']!r}")
+    if isinstance(cfg["joint_batch"], int) and cfg["joint_batch"] < 1:
+        problems.append(f"joint_batch: expected an integer >= 1, got {cfg['joint_batch']!r}")
+    if cfg["analyse_only"] is True and isinstance(cfg["out_dir"], str):
+        if not (Path(cfg["out_dir"]) / "rewards").is_dir():
+            problems.append(f"analyse_only: {cfg['out_dir']!r} holds no recording (no rewards/ folder)")
+    return problems
+
+
+def read_config(argv: list[str]) -> dict:
+    """oracle_sweep.yaml, then ``--config FILE``, then ``key=value`` overrides; raises ``ConfigError``."""
+    return load_config(CONFIG_PATH, argv, NESTED, check, __doc__)
+
+
+# --- recording ----------------------------------------------------------------------------------------
+def record_suite(cfg: dict, tasks: list, out: Path) -> dict:
+    """Record ``tasks`` into ``out`` through the configured runtime; returns ``record``'s summary."""
+    from autoprofiler.environments import LiveEnvironment, record
+    from autoprofiler.rewriters import RuleRewriter
+
+    rewriter = RuleRewriter(**(cfg["rewriter_options"] or {}))
+    runner = make_runner(cfg["runtime"], worker_spec(cfg), rewriter=rewriter)
+    env = LiveEnvironment(rewriter=rewriter, table_dir=out, runner=runner, source=cfg["source"])
+    only_actions = cfg["evaluate_only"]
     try:
-        env_id = profiler.environment
-        provenance = {"device": env_id.device, "driver": env_id.driver, "ncu_version": env_id.tool}
-    except Exception as e:  # provenance is best effort; the rows still carry the evaluator's device
-        logging.getLogger(__name__).warning("no profiler provenance: %s", e)
-    env = LiveEnvironment(profiler, RuleRewriter(), evaluator, out, provenance=provenance)
-    try:
-        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
         summary = record(
             tasks,
             env,
-            groups,
-            {} if args.evaluate_only else configurations_for(args.source),
-            seeds=seeds,
-            max_seconds=args.max_seconds,
-            jobs=args.jobs,
-            joint=args.joint,
-            joint_batch=args.joint_batch,
+            [] if only_actions else (cfg["groups"] or _source_groups(cfg["source"])),
+            {} if only_actions else configurations_for(cfg["source"], cfg["configurations"]),
+            seeds=cfg["seeds"],
+            max_seconds=cfg["max_seconds"],
+            joint=cfg["joint"],
+            joint_batch=cfg["joint_batch"],
+            actions=cfg["actions"] or None,
         )
+        summary["provenance"] = env.runner_provenance().as_row()
+        summary["run_id"] = env.run_id
     finally:
-        evaluator.close()
-    summary["eval_config"] = config.to_dict()
-    summary["provenance"] = provenance
+        env.close()
     return summary
 
 
-def write_readme(out: Path, args, summary: dict, oracle: dict, env) -> None:
-    rows = env.rewards.rows()
-    summary = {
-        **summary,
-        "tasks": len(env.recorded_tasks()),
-        "groups": sorted({r["group"] for r in env.profiles.rows()}),
-        "actions": sorted({r["action"] for r in rows if r["configuration"].startswith("action:")}),
-        "profile_rows": len(env.profiles),
-        "reward_rows": len(rows),
-    }
+# --- analysis -----------------------------------------------------------------------------------------
+def write_readme(out: Path, cfg: dict, argv: list[str], summary: dict, oracle: dict) -> Path:
+    """``out/README.md``: what the recording holds (counted from its tables), how it was made and what
+    its columns mean (reward schema 2), and the oracle sweep's result."""
+    from autoprofiler.rewards import SCHEMA_VERSION
+    from autoprofiler.tables import read_table
+
+    rewards = read_table(out / "rewards", "reward").to_pylist()
+    profiles = read_table(out / "profiles", "profile").to_pylist() if (out / "profiles").is_dir() else []
+    kinds = {k: sum(r["kind"] == k for r in rewards) for k in ("action", "configuration")}
+    actions = sorted({r["action"] for r in rewards if r["kind"] == "action"})
+    command = " ".join(["python workflows/oracle_sweep.py", *argv])
     lines = [
         f"# {out.name}: a recorded suite (profile + reward tables)\n",
-        f"Made by `python3 workflows/oracle_sweep.py {' '.join(sys.argv[1:])}` on "
-        f"{_dt.datetime.now(_dt.UTC):%Y-%m-%d %H:%M} UTC; replay it with "
-        f"`ReplayEnvironment.from_dir('{out}', rewriter=RuleRewriter(), source='{args.source}')`.\n",
-        f"- tasks with a recorded profile: {summary.get('tasks')}; "
-        f"groups: {', '.join(summary.get('groups', []))}",
-        f"- rule actions: {', '.join(summary.get('actions', []))}",
-        f"- profile rows: {summary.get('profile_rows')}; reward rows: {summary.get('reward_rows')}; "
-        f"evaluations in the last call: {summary.get('evaluations')}; complete: {summary.get('complete')}",
-        f"- failures: {len(summary.get('failures', []))} (see summary.json)",
-        f"- provenance: {summary.get('provenance')}\n",
-        "Columns: `rewards/` follows `autoprofiler.rewards.REWARD_SCHEMA` (rows with configuration "
-        "`action:<name>` hold one rule action's evaluation; other rows a configuration's, whose `action` "
-        "is what the rule rewriter chose when shown those groups); `profiles/` follows "
-        "`autoprofiler.reward_table.PROFILE_SCHEMA` (one row per task and group, the group's own cost and "
-        "metrics as `Profile` JSON); `candidates/` holds every evaluated candidate source by hash.\n",
+        f"Written by `{command}` on {_dt.datetime.now(_dt.UTC):%Y-%m-%d %H:%M} UTC (the last recording "
+        "call's resolved config: `config.json`). Replay it with "
+        f"`ReplayEnvironment('{out}', RuleRewriter(), source='{cfg['source']}')`.\n",
+        f"- tasks with a recorded profile: {len({p['task_hash'] for p in profiles})}; "
+        f"groups: {', '.join(sorted({p['group'] for p in profiles})) or 'none'}",
+        f"- rule actions evaluated: {', '.join(actions) or 'none'}",
+        f"- profile rows: {len(profiles)}; reward rows: {len(rewards)} ({kinds['action']} action, "
+        f"{kinds['configuration']} configuration)",
+        f"- the last recording call (`summary.json`): {summary.get('evaluations', 0)} evaluations, "
+        f"{len(summary.get('failures', []))} failures, complete: {summary.get('complete')}; its workers' "
+        f"provenance: {summary.get('provenance')}\n",
+        f"Columns: `rewards/` follows `autoprofiler.rewards.REWARD_SCHEMA` (schema version {SCHEMA_VERSION}, "
+        "tagged in every part's metadata). `kind` says what a row is: `action`, one rule action's "
+        "candidate evaluated whatever a profile says (`action` names it, `configuration` is empty, "
+        "`rewriter` is the candidate builders' version, e.g. `rule-v1`); or `configuration`, what the "
+        "rule rewriter did when shown a fixed configuration's groups (`configuration` names the groups, "
+        "`action` is what its rules chose, `rewriter` is its identity, e.g. `rule-v2`). `policy` says what "
+        "asked for the row (`action`, `static:<configuration name>`). Every row carries its provenance "
+        "(device, driver, ncu_version, torch_version, git_sha, git_dirty, run_id, worker). `profiles/` "
+        "follows `autoprofiler.tables.PROFILE_SCHEMA` (one row per task and group: the group's own cost "
+        "and its metrics as `Profile` JSON); `candidates/` holds every evaluated candidate source by hash. "
+        "Parts are partitioned by run: `<table>/run=<run id>/part-*.parquet`.\n",
     ]
     if (out / "HISTORY.md").exists():
         lines.append("How it was recorded, call by call, and what it lacks: `HISTORY.md`.\n")
@@ -187,60 +190,102 @@ def write_readme(out: Path, args, summary: dict, oracle: dict, env) -> None:
             + ", ".join(f"{n} {c['wins']}" for n, c in oracle["per_configuration"].items())
             + ".\n"
         )
-    (out / "README.md").write_text("\n".join(lines))
-
-
-def main(argv: list[str] | None = None) -> int:
-    from autoprofiler.analysis import oracle_analysis, outcome_matrix
-    from autoprofiler.environments import ReplayEnvironment, derive_configuration_rows
-    from autoprofiler.rewriters import RuleRewriter
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    args = parse_args(argv)
-    out = Path(args.out)
-    started = time.time()
-    tasks, report = load_suite(args)
-    print(f"{len(tasks)} tasks ({len(report.errors)} failed to load)", flush=True)
-    summary_path = out / "summary.json"
-    if args.analyse_only:
-        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     else:
-        summary = record_suite(args, tasks, out)
-        summary_path.write_text(json.dumps(summary, indent=1, default=str) + "\n")
-        print(f"recorded: {json.dumps({k: v for k, v in summary.items() if k != 'failures'}, default=str)}")
-        for f in summary["failures"]:
-            print(f"  failure: {f}")
-    if not (out / "rewards").is_dir():  # stopped (max-seconds) before the first evaluation
-        print(f"no reward rows yet under {out}: run the same command again to continue; nothing to analyse")
-        return 0 if not summary.get("complete", True) else 1
-    env = ReplayEnvironment.from_dir(out, rewriter=RuleRewriter(), source=args.source)
-    recorded = env.recorded_tasks()
+        skipped = oracle.get("skipped")
+        lines.append(f"No oracle sweep: no task has a row for every configuration (skipped: {skipped}).\n")
+    path = out / "README.md"
+    path.write_text("\n".join(lines))
+    return path
+
+
+def analyse(cfg: dict, argv: list[str], tasks: list, out: Path, summary: dict) -> None:
+    """Derive configuration rows the recording implies, the oracle analysis, README.md and the report."""
+    try:
+        from autoprofiler.analysis import oracle_analysis, outcome_matrix
+    except ImportError as exc:  # a GPU image without polars: analyse on another machine
+        print(
+            f"no analysis here ({exc}); on a machine with the package installed run: python "
+            f"workflows/oracle_sweep.py out_dir={out} source={cfg['source']} analyse_only=true",
+            flush=True,
+        )
+        return
+    from autoprofiler.environments import ReplayEnvironment, derive_configuration_rows, new_run_id
+    from autoprofiler.rewriters import RuleRewriter
+    from autoprofiler.tables import RewardTable
+
+    configs = configurations_for(cfg["source"], cfg["configurations"])
+    env = ReplayEnvironment(out, RuleRewriter(**(cfg["rewriter_options"] or {})), cfg["source"])
+    recorded = [t for t in tasks if t.hash in env.recorded_tasks()]
     derived = derive_configuration_rows(
-        env, [t for t in tasks if t.hash in recorded], configurations_for(args.source)
+        env, recorded, configs, into=RewardTable(out / "rewards", run_id=new_run_id()), seeds=cfg["seeds"]
     )
+    lacking = len({m["task_id"] for m in derived["missing"]})
     print(
         f"configuration rows ({env.rewriter.identity}) derived from the recorded profiles and actions: "
-        f"{derived['written']} new; {len({m['task_id'] for m in derived['missing']})} task(s) lack a group"
+        f"{derived['written']} new; {lacking} task(s) lack a group or an action",
+        flush=True,
     )
-    matrix = outcome_matrix([t for t in tasks if t.hash in recorded], configurations_for(args.source), env)
-    oracle = oracle_analysis(matrix)
+    oracle = oracle_analysis(outcome_matrix(recorded, configs, env))
     (out / "oracle.json").write_text(json.dumps(oracle, indent=1, default=str) + "\n")
     if oracle.get("tasks"):
+        wins = {n: c["wins"] for n, c in oracle["per_configuration"].items()}
         print(
-            f"oracle sweep: best static {oracle['best_static']} {oracle['best_static_geomean']:.3f}x, "
-            f"oracle {oracle['oracle_geomean']:.3f}x, gain {oracle['relative_gain']:.3f} "
-            f"CI {oracle['relative_gain_ci']}; wins "
-            f"{ {n: c['wins'] for n, c in oracle['per_configuration'].items()} }"
+            f"oracle sweep over {oracle['tasks']} tasks: best static {oracle['best_static']} "
+            f"{oracle['best_static_geomean']:.3f}x, oracle {oracle['oracle_geomean']:.3f}x, gain "
+            f"{oracle['relative_gain']:.3f} CI {oracle['relative_gain_ci']}; wins {wins}",
+            flush=True,
         )
-    write_readme(out, args, summary, oracle, env)
+    print(f"readme: {write_readme(out, cfg, argv, summary, oracle)}", flush=True)
+    report_dir = Path(cfg["report_dir"]) if cfg["report_dir"] else out / "report"
     try:
         from autoprofiler.report import build_report
 
-        print(
-            f"report: {build_report(out, args.report or out / 'report', title=f'suite recording {out.name}')}"
-        )
-    except ImportError as e:  # no matplotlib on the GPU machine: make the report later on a CPU
-        print(f"no report ({e}); run: python -m autoprofiler.report {out} --out reports/{out.name}")
+        path = build_report(out, report_dir, title=f"suite recording {out.name}")
+        print(f"report: {path}", flush=True)
+    except ImportError as exc:  # no matplotlib on the GPU machine: make the report on a CPU
+        print(f"no report ({exc}); run: python -m autoprofiler.report {out} --out {report_dir}", flush=True)
+
+
+# --- the story ----------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None) -> int:
+    from autoprofiler.profiling import CountersNotPermitted, NcuNotFound
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    configure_logging()
+    started = time.time()
+    try:
+        cfg = read_config(argv)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    out = Path(cfg["out_dir"])
+    tasks, report, _ = select_tasks(_path(cfg["tasks"]), cfg["filter"], cfg["max_tasks"])
+    print(f"tasks: {len(tasks)} ({len(report.errors)} failed to load); recording: {out}", flush=True)
+
+    # 1. record (resumable: every row is keyed), unless only analysing
+    summary_path = out / "summary.json"
+    if cfg["analyse_only"]:
+        summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
+    else:
+        print(f"config: {save_config(out, cfg)}", flush=True)
+        try:
+            summary = record_suite(cfg, tasks, out)
+        except (EnvironmentProblem, NcuNotFound, CountersNotPermitted) as exc:
+            print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+            return 3
+        summary_path.write_text(json.dumps(summary, indent=1, default=str) + "\n")
+        counts = {k: v for k, v in summary.items() if k not in ("failures", "provenance")}
+        print(f"recorded: {json.dumps(counts, default=str)}", flush=True)
+        for failure in summary["failures"]:
+            print(f"  failure: {failure}", flush=True)
+        if not summary["complete"]:
+            print("stopped before the end (max_seconds): run the same command again to continue", flush=True)
+    if not (out / "rewards").is_dir():  # stopped before the first evaluation
+        print(f"no reward rows yet under {out}: run the same command again to continue; nothing to analyse")
+        return 0
+
+    # 2. analyse what the recording holds
+    analyse(cfg, argv, tasks, out, summary)
     print(f"done in {time.time() - started:.0f}s", flush=True)
     return 0
 

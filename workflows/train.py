@@ -26,7 +26,13 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # a bare checkout (ray job submit --working-dir .) runs it too
     sys.path.insert(0, str(REPO))
 
-from autoprofiler.workflow import ConfigError, load_config, make_runner, save_config  # noqa: E402
+from autoprofiler.workflow import (  # noqa: E402
+    ConfigError,
+    EnvironmentProblem,
+    load_config,
+    make_runner,
+    save_config,
+)
 
 CONFIG_PATH = Path(__file__).with_name("train.yaml")
 ENVIRONMENTS = ("live", "replay", "auto")
@@ -193,7 +199,11 @@ def main(argv: list[str] | None = None) -> int:
 
     # 1. tasks, split fixed by task-id hash
     tasks, report = select_tasks(cfg)
-    env, rewriter, kind = make_environment(cfg, out)
+    try:
+        env, rewriter, kind = make_environment(cfg, out)
+    except EnvironmentProblem as exc:  # e.g. device=cuda where there is none: one line, the fix
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
     if kind == "replay":  # judge every policy on the same tasks: those recorded with every group
         tasks, lacking = env.fully_recorded(tasks)
         for task_id, missing in lacking.items():

@@ -25,13 +25,18 @@ __all__ = ["action_cells", "derive_configuration_rows", "record"]
 logger = logging.getLogger(__name__)
 
 
-def action_cells(tasks: Sequence[Task], rewriter: ActionRewriter, seeds: Sequence[int] = (0,)) -> list[Cell]:
-    """One action cell per (task, seed, action) of a rule rewriter."""
+def action_cells(
+    tasks: Sequence[Task],
+    rewriter: ActionRewriter,
+    seeds: Sequence[int] = (0,),
+    actions: Sequence[str] | None = None,
+) -> list[Cell]:
+    """One action cell per (task, seed, action) of a rule rewriter (``actions``: a subset; None: all)."""
     return [
         Cell(t, (), rewriter.actions_identity, seed, 0, action, policy="action")
         for t in tasks
         for seed in seeds
-        for action in rewriter.actions()
+        for action in (rewriter.actions() if actions is None else actions)
     ]
 
 
@@ -44,6 +49,7 @@ def record(
     max_seconds: float | None = None,
     joint: bool = False,
     joint_batch: int = 8,
+    actions: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Profile every task with every group, evaluate every rule action, write every configuration's row.
 
@@ -52,7 +58,8 @@ def record(
     time over the whole suite, so each group's own cost is recorded. Each batch's rows are written
     before the next starts, so a stopped run loses at most one batch. Then every (task, seed, action)
     cell goes to the environment's runner in one call (its workers evaluate them in parallel), and each
-    fixed configuration's row is derived from the action its rules pick.
+    fixed configuration's row is derived from the action its rules pick (evaluated then if ``actions``,
+    a subset of the rule actions, left it out).
 
     Returns a summary: counts, failures ``[{"task_id", "stage", "error"}]``, seconds, complete.
     """
@@ -81,10 +88,10 @@ def record(
             )
         logger.info("profiling: %d/%d batches", done + 1, len(batches))
     rewriter = env.rewriter
-    actions = action_cells(tasks, rewriter, seeds) if isinstance(rewriter, ActionRewriter) else []
-    results = env.try_outcomes(actions, deadline) if actions and not out_of_time() else []
-    complete = complete and len(results) == len(actions)
-    for cell, result in zip(actions, results, strict=False):
+    cells = action_cells(tasks, rewriter, seeds, actions) if isinstance(rewriter, ActionRewriter) else []
+    results = env.try_outcomes(cells, deadline) if cells and not out_of_time() else []
+    complete = complete and len(results) == len(cells)
+    for cell, result in zip(cells, results, strict=False):
         if isinstance(result, CellFailure):
             complete = complete and result.kind != "not_started"
             failures.append(
@@ -113,7 +120,7 @@ def record(
     return {
         "tasks": len(tasks),
         "groups": list(groups),
-        "actions": list(rewriter.actions()) if isinstance(rewriter, ActionRewriter) else [],
+        "actions": list(dict.fromkeys(c.action for c in cells)),
         "profile_rows": len(env.profiles),
         "reward_rows": len(rows),
         "evaluations": env.stats.evaluations,
@@ -133,7 +140,7 @@ def derive_configuration_rows(
 ) -> dict[str, Any]:
     """Write into ``into`` each (task, fixed configuration) row a rule rewriter's recording implies.
 
-    For a recording of actions only (``oracle_sweep.py --evaluate-only``, or one made under an older
+    For a recording of actions only (``oracle_sweep.py evaluate_only=true``, or one made under an older
     rule version): the row is the rule's decision on the recorded profile restricted to the
     configuration, joined with the recorded evaluation of that action, keyed by the rewriter's current
     identity. Tasks lacking a recorded group or action are listed, not written; rows already present

@@ -17,10 +17,12 @@ Example (no Ray)::
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol
 
 from autoprofiler.cells import CellFailure, RewardRow, WorkItem
@@ -73,12 +75,16 @@ class LocalDriver:
         worker: a ``CellWorker`` or ``ReplayWorker``.
         batch_size: cells per call of ``worker.run_cells``.
         progress: show a progress bar for calls of at least this many cells (``None``: never).
+        concurrency: batches run at once, each in a thread (as a Ray actor's ``max_concurrency``
+            does): a ``CellWorker`` built with the same concurrency compiles and checks that many
+            candidates at once while its timing lock keeps measurements one at a time.
     """
 
-    def __init__(self, worker: Any, batch_size: int = 1, progress: int | None = None):
+    def __init__(self, worker: Any, batch_size: int = 1, progress: int | None = None, concurrency: int = 1):
         self.worker = worker
         self.batch_size = max(1, int(batch_size))
         self.progress = progress
+        self.concurrency = max(1, int(concurrency))
 
     def run_cells(
         self,
@@ -86,15 +92,20 @@ class LocalDriver:
         deadline: float | None = None,
         on_result: Callable[[CellResult], None] | None = None,
     ) -> list[CellResult]:
+        batches = [items[i : i + self.batch_size] for i in range(0, len(items), self.batch_size)]
+
+        def run(batch: Sequence[WorkItem]) -> list[CellResult]:
+            if deadline is not None and time.monotonic() > deadline:
+                return [not_started(i) for i in batch]
+            return self.worker.run_cells(batch)
+
         out: list[CellResult] = []
         show = self.progress is not None and len(items) >= self.progress
-        with Progress(len(items), "cells", enabled=show) as bar:
-            for start in range(0, len(items), self.batch_size):
-                batch = items[start : start + self.batch_size]
-                if deadline is not None and time.monotonic() > deadline:
-                    results: list[CellResult] = [not_started(i) for i in batch]
-                else:
-                    results = self.worker.run_cells(batch)
+        # one at a time in this thread; with concurrency > 1, in threads (results still in order)
+        pool = ThreadPoolExecutor(self.concurrency) if self.concurrency > 1 else None
+        with Progress(len(items), "cells", enabled=show) as bar, pool or contextlib.nullcontext():
+            answers = pool.map(run, batches) if pool is not None else map(run, batches)
+            for batch, results in zip(batches, answers, strict=True):
                 for result in results:
                     if on_result is not None:
                         on_result(result)
