@@ -30,9 +30,11 @@ from autoprofiler.provenance import Provenance, detect
 from autoprofiler.rewriters.base import ActionRewriter, Rewriter
 
 if TYPE_CHECKING:
+    from autoprofiler.optimize import Optimized
     from autoprofiler.profiling.cache import CacheEnvironment
     from autoprofiler.profiling.profile import Profile
     from autoprofiler.tasks import Task
+    from autoprofiler.tree import ProfilingTree
 
 __all__ = ["CellWorker", "ReplayWorker", "TaskProfiler", "WorkerSpec", "rewriter_for"]
 
@@ -247,12 +249,51 @@ class CellWorker:
                 )
         return out
 
+    def optimize(
+        self, tasks: Sequence[Task], tree: ProfilingTree, seed: int = 0, timing_trials: int | None = None
+    ) -> list[Optimized]:
+        """``autoprofiler.optimize.optimize`` on this worker: route by ``tree`` with its profiler, rewrite
+        once, evaluate; one ``Optimized`` per task. The Serve app's ``/optimize`` calls it on a
+        ``GpuWorker``, so a submitted task runs only in this worker's subprocesses and sandbox.
+
+        ``timing_trials`` overrides the evaluator's for these cells (its warm workers are kept).
+        """
+        from autoprofiler.optimize import optimize
+        from autoprofiler.policies import TreePolicy
+        from autoprofiler.runtime.driver import LocalDriver
+
+        worker = self
+        if timing_trials is not None:
+            evaluator = _PerCallConfig(self.evaluator, timing_trials=timing_trials)
+            worker = CellWorker(
+                self.spec,
+                profiler=self.profiler,
+                evaluator=evaluator,
+                rewriter=self.rewriter,
+                provenance=self.provenance,
+            )
+        policy = TreePolicy(tree)
+        return optimize(list(tasks), policy, self.profiler, LocalDriver(worker), self.rewriter, seed)
+
     def info(self) -> dict[str, Any]:
         """Who this worker is: pid, host, device and provenance (for logs and tests)."""
         return {"pid": os.getpid(), "name": self.name, "spec": self.spec, "provenance": self.provenance}
 
     def close(self) -> None:
         self.evaluator.close()
+
+
+class _PerCallConfig:
+    """An evaluator that evaluates with its own config changed in a few fields (e.g. timing trials)."""
+
+    def __init__(self, evaluator: Any, **changes: Any):
+        import dataclasses
+
+        self.evaluator = evaluator
+        self.config = dataclasses.replace(evaluator.config, **changes)
+
+    def evaluate(self, task: Task, candidate_source: str):
+        return self.evaluator.evaluate(task, candidate_source, self.config)
 
 
 class ReplayWorker:
