@@ -72,7 +72,6 @@ class CandidateProcess:
         self.ref_mutates = False
         self.snapshot: dict = {}
         self.threads_before: set = set()
-        self.held = None
 
     # -- protocol ------------------------------------------------------------------------------------
     def serve(self) -> None:
@@ -186,9 +185,11 @@ class CandidateProcess:
         self.calls, self.pending, self.kept, self.used = 0, [], {}, set()
         tools.prepare_timing(int(self.cfg.get("l2_flush_mb", 256)))
         try:
+            held = None
             for i in range(int(msg["calls"])):
-                self.held = self.model(*self.trials[i % len(self.trials)])
+                held = self.model(*self.trials[i % len(self.trials)])
             tools.sync()
+            del held
         except BaseException as exc:
             self.fail(harness.classify(exc, "runtime_error", "warm-up"))
         self.link.send({"op": "warm"})
@@ -198,20 +199,14 @@ class CandidateProcess:
         seed it sends then); each output's checksum is committed in the reply."""
         tools = self.tools
         self.keep(msg["keep"])
-        ms, sums = [], []
+        calls = [(int(call["set"]), call.get("seed")) for call in msg["calls"]]
+        self.used.update(key for key, _ in calls)
         try:
-            for call in msg["calls"]:
-                index = int(call["set"])
-                if index not in self.sets:
-                    self.sets[index] = tools.make_inputs(self.get_inputs, int(call["seed"]))
-                self.used.add(index)
-                out, call_ms, checksum, _ = tools.timed_call(self.model, self.sets[index])
-                self.pending.append((self.calls, out))
-                self.calls += 1
-                ms.append(call_ms)
-                sums.append(checksum)
+            outs, ms, sums, _ = tools.time_block(self.model, calls, self.sets, self.get_inputs)
         except BaseException as exc:
             self.fail(harness.classify(exc, "runtime_error", "timing"))
+        self.pending = list(enumerate(outs, start=self.calls))
+        self.calls += len(outs)
         self.link.send({"op": "timed", "ms": ms, "sums": sums})
 
     def keep(self, flags: list) -> None:

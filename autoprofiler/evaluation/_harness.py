@@ -314,6 +314,27 @@ class Tools:
         sums = self.checksum(out)
         return out, ms, sums, max(0.0, self.perf_counter() - t0 - ms / 1e3)
 
+    def time_block(self, model, calls: list, sets: dict, get_inputs) -> tuple[list, list, list, float]:
+        """Timed calls of ``model``, one per ``(set key, seed)`` in ``calls``; a set not in ``sets`` yet is
+        made first (``get_inputs`` under its seed). Returns outputs, milliseconds, checksums and the
+        seconds spent outside the timed regions.
+
+        Both processes time through this one loop, so what runs between two calls (which a short call's
+        time depends on) is the same for the reference and the candidate.
+        """
+        outs, ms, sums, untimed = [], [], [], 0.0
+        for key, seed in calls:
+            t0 = self.perf_counter()
+            if key not in sets:
+                sets[key] = self.make_inputs(get_inputs, seed)
+            untimed += self.perf_counter() - t0
+            out, call_ms, checksum, rest = self.timed_call(model, sets[key])
+            outs.append(out)
+            ms.append(call_ms)
+            sums.append(checksum)
+            untimed += rest
+        return outs, ms, sums, untimed
+
 
 # --------------------------------------------------------------------------------------------------
 # Tensor transport: sealed memfds
@@ -719,7 +740,7 @@ def zygote_main(control_fd: int) -> None:
             if pid == 0:
                 break
             sock.send(json.dumps({"exited": pid, "code": os.waitstatus_to_exitcode(status)}).encode())
-        ready, _, _ = select.select([sock], [], [], 0.05)
+        ready, _, _ = select.select([sock], [], [], 0.005)  # also how soon an exit is reported
         if not ready:
             continue
         try:

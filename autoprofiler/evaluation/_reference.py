@@ -45,8 +45,8 @@ CANDIDATE_KINDS = ("compile_error", "runtime_error", "crashed", "suspicious")
 BUILD_PHASES = ("loading the candidate", "constructing ModelNew")
 
 CLEAN_CALLS = 5  # reference calls timed before the candidate exists (the first two are warm-up)
-CALIBRATION_BLOCKS = 5  # reference blocks, each followed by a round trip on the link, before the build
-BLOCK_MS = 2.0  # target reference time of one timing block
+CALIBRATION_BLOCKS = 4  # reference blocks, each followed by a round trip on the link, before the build
+BLOCK_MS = 4.0  # target reference time of one timing block
 RETAIN_BYTES = 256 * 2**20  # outputs of one block each process keeps until the after-the-fact choice
 CHECKED_CALLS = 3  # timed calls whose outputs are compared after the fact (the last one among them)
 QUIET_S = 0.005  # the quiet window before timing
@@ -278,7 +278,7 @@ class Referee:
         when the other process has been waiting as long as it will while the reference is timed."""
         tools = self.tools
         first = [tools.timed(ref, inputs[i % len(inputs)])[1] for i in range(CLEAN_CALLS)][2:]
-        per_block = max(1, round(0.5 * BLOCK_MS / max(harness.median_iqr(first)[0], 1e-6)))
+        per_block = max(1, round(0.25 * BLOCK_MS / max(harness.median_iqr(first)[0], 1e-6)))
         clean, rtts = [], []
         for k in range(CALIBRATION_BLOCKS):
             for i in range(per_block):
@@ -447,30 +447,25 @@ class Timing:
                     calls = [
                         {"set": self.set_base + s, "seed": self.seed_of(s) if first else None}
                         for _, s, first in block
-                    ]
+                    ]  # the candidate's process learns a set's seed only at its first use
                     t0 = time.perf_counter()
                     msg, _ = referee.request({"op": "block", "calls": calls, "keep": keep_new}, "timed")
                     row["wall"] = time.perf_counter() - t0
                     row["new"], row["sums"] = self.validate(msg, len(block))
                     keep_new = [c in self.checked for c, _, _ in block]
                 else:
+                    held_ref = None  # the last block's outputs go now, as in the candidate's process
+                    calls = [(s, self.seed_of(s)) for _, s, _ in block]
                     cpu0 = watch.cpu() if watch else 0.0
                     t0 = time.perf_counter()
-                    held_ref = []  # the last block's outputs go now, as in the candidate's process
-                    row["ref"], row["untimed"] = [], 0.0
-                    for call, s, first in block:
-                        g0 = time.perf_counter()
-                        if first:
-                            self.sets[s] = tools.make_inputs(self.get_inputs, self.seed_of(s))
-                        gen = time.perf_counter() - g0
-                        out, ms, _sums, untimed = tools.timed_call(self.ref, self.sets[s])
-                        held_ref.append(out)
-                        if call in self.checked:
-                            self.ref_kept[call] = detach_all(tools, out)
-                        row["ref"].append(ms)
-                        row["untimed"] += gen + untimed
+                    held_ref, row["ref"], _, row["untimed"] = tools.time_block(
+                        self.ref, calls, self.sets, self.get_inputs
+                    )
                     window += time.perf_counter() - t0
                     busy += (watch.cpu() - cpu0) if watch else 0.0
+                    for (call, _, _), out in zip(block, held_ref, strict=True):
+                        if call in self.checked:
+                            self.ref_kept[call] = tools.flatten(out)
             self.rows.append(row)
         self.timing_wall = time.perf_counter() - t_start
         self.keep_last = keep_new
