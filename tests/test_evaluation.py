@@ -376,6 +376,19 @@ def test_cli_eval_exit_codes(capsys, tmp_path):
     )
 
 
+@pytest.mark.parametrize("share", ["1", "0"])
+def test_timing_inputs_shared_or_made_from_seeds(share, monkeypatch):
+    """CPU timing inputs are shared memfds by default; made from seeds in each process (the CUDA way)
+    with AUTOPROFILER_EVAL_SHARE_INPUTS=0. Either way identity is correct and memoization is caught."""
+    monkeypatch.setenv("AUTOPROFILER_EVAL_SHARE_INPUTS", share)
+    task = load_tiny_task("matmul_big")
+    with Evaluator(BASE, spares=1) as ev:
+        result = check_identity(ev, task)
+        assert result.details["timing_inputs"].startswith("shared" if share == "1" else "made from seeds")
+        memo = ev.evaluate(task, (CORPUS_DIR / "memoize_inputs.py").read_text())
+        assert memo.error_kind == "suspicious" and "memoization" in memo.error, memo.summary()
+
+
 # --- launch modes and concurrency -------------------------------------------------------------------
 def test_popen_workers_without_fork_server(matmul):
     """With fork_server=False each worker is a new interpreter; crashes are still classified."""

@@ -68,6 +68,7 @@ class CandidateProcess:
         self.pending: list = []  # (call index, output) of the last timed block, until "keep" arrives
         self.kept: dict[int, object] = {}
         self.used: set[int] = set()
+        self.fds: list[int] = []
         self.calls = 0
         self.ref_mutates = False
         self.snapshot: dict = {}
@@ -88,7 +89,10 @@ class CandidateProcess:
         }
         while True:
             msg, fds = self.link.recv()
-            harness.close_fds(fds)
+            if msg.get("op") == "block":
+                self.fds = fds  # a timing input set shared by the reference process (CPU)
+            else:
+                harness.close_fds(fds)
             try:
                 handlers[msg["op"]](msg)
             except _Stop:
@@ -201,8 +205,19 @@ class CandidateProcess:
         self.keep(msg["keep"])
         calls = [(int(call["set"]), call.get("seed")) for call in msg["calls"]]
         self.used.update(key for key, _ in calls)
+        shared = {}  # sets the reference process made and shares (CPU): mapped, not made again
+        for call, fd in zip([c for c in msg["calls"] if "shared" in c], self.fds, strict=False):
+            shared[int(call["set"])] = (call["shared"], fd)
+        self.fds = []
+
+        def make(key, seed):
+            if key in shared:
+                metas, fd = shared.pop(key)
+                return harness.unpack_tensors(tools, metas, fd, copy=False)
+            return tools.make_inputs(self.get_inputs, int(seed))
+
         try:
-            outs, ms, sums, _ = tools.time_block(self.model, calls, self.sets, self.get_inputs)
+            outs, ms, sums, _ = tools.time_block(self.model, calls, self.sets, make)
         except BaseException as exc:
             self.fail(harness.classify(exc, "runtime_error", "timing"))
         self.pending = list(enumerate(outs, start=self.calls))

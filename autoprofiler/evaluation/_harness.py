@@ -314,10 +314,10 @@ class Tools:
         sums = self.checksum(out)
         return out, ms, sums, max(0.0, self.perf_counter() - t0 - ms / 1e3)
 
-    def time_block(self, model, calls: list, sets: dict, get_inputs) -> tuple[list, list, list, float]:
+    def time_block(self, model, calls: list, sets: dict, make) -> tuple[list, list, list, float]:
         """Timed calls of ``model``, one per ``(set key, seed)`` in ``calls``; a set not in ``sets`` yet is
-        made first (``get_inputs`` under its seed). Returns outputs, milliseconds, checksums and the
-        seconds spent outside the timed regions.
+        made first (``make(key, seed)``). Returns outputs, milliseconds, checksums and the seconds spent
+        outside the timed regions.
 
         Both processes time through this one loop, so what runs between two calls (which a short call's
         time depends on) is the same for the reference and the candidate.
@@ -326,7 +326,7 @@ class Tools:
         for key, seed in calls:
             t0 = self.perf_counter()
             if key not in sets:
-                sets[key] = self.make_inputs(get_inputs, seed)
+                sets[key] = make(key, seed)
             untimed += self.perf_counter() - t0
             out, call_ms, checksum, rest = self.timed_call(model, sets[key])
             outs.append(out)
@@ -388,10 +388,12 @@ def pack_tensors(tools: Tools, values: list) -> tuple[list[dict], int]:
     return metas, fd
 
 
-def unpack_tensors(tools: Tools, metas: list[dict], fd: int) -> list:
+def unpack_tensors(tools: Tools, metas: list[dict], fd: int, copy: bool = True) -> list:
     """Read what ``pack_tensors`` wrote, checking the memfd (sealed, exact size) and every entry.
 
-    Tensors land on ``tools.device``. Raises ``ProtocolError`` for anything malformed. Closes ``fd``.
+    Tensors land on ``tools.device``; with ``copy=False`` (CPU) they are views of a private mapping of
+    the memfd instead: pages shared with every other process that maps it until one writes to them.
+    Raises ``ProtocolError`` for anything malformed. Closes ``fd``.
     """
     torch = tools.torch
     try:
@@ -425,6 +427,8 @@ def unpack_tensors(tools: Tools, metas: list[dict], fd: int) -> list:
             end = offset + nbytes
             specs.append(dict(meta, dtype=dtype))
         mm = mmap.mmap(fd, size, access=mmap.ACCESS_COPY) if size else None
+        if not copy:  # the tensors keep the mapping alive
+            return _read_values(tools, specs, mm, copy=False)
         try:
             return _read_values(tools, specs, mm)
         finally:
@@ -437,7 +441,7 @@ def unpack_tensors(tools: Tools, metas: list[dict], fd: int) -> list:
         os.close(fd)
 
 
-def _read_values(tools: Tools, specs: list[dict], mm) -> list:
+def _read_values(tools: Tools, specs: list[dict], mm, copy: bool = True) -> list:
     torch = tools.torch
     buf = torch.frombuffer(mm, dtype=torch.uint8) if mm is not None else None
     values = []
@@ -445,7 +449,8 @@ def _read_values(tools: Tools, specs: list[dict], mm) -> list:
         if spec.get("kind") == "tensor":
             n = spec["nbytes"]
             raw = buf[spec["offset"] : spec["offset"] + n] if n else torch.empty(0, dtype=torch.uint8)
-            values.append(tools.to(raw.view(spec["dtype"]).reshape(spec["shape"]), tools.device, copy=True))
+            t = raw.view(spec["dtype"]).reshape(spec["shape"])
+            values.append(tools.to(t, tools.device, copy=True) if copy else t)
         elif spec.get("kind") == "value":
             values.append(spec.get("value"))
         else:

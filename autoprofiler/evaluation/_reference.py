@@ -54,7 +54,7 @@ QUIET_BUSY = 0.25  # share of the quiet window a thread or child may use
 WINDOW_BUSY_S = 0.005  # CPU the candidate's process may use while the reference is timed ...
 WINDOW_BUSY_SHARE = 0.10  # ... plus this share of the reference's timed windows
 WITNESS_SHARE = 0.3  # the clock here may see this much more than the candidate reports, per block ...
-WITNESS_SLACK_MS = 0.1  # ... plus this, plus twice the spread of the link's round trip
+WITNESS_SLACK_MS = 0.5  # ... plus this, plus twice the spread of the link's round trip (per block)
 SPREAD_TOLERANCE = 0.25  # block means / median call: the candidate's may exceed the reference's by this
 MEMO_RATIO = 1.5  # first use of an input set / later uses, beyond the reference's own ratio ...
 MEMO_SLACK_MS = 0.05  # ... plus this
@@ -417,6 +417,11 @@ class Timing:
         self.checked = sorted({last, *others})
         self.seeds = {}
         self.sets: dict[int, list] = {}
+        self.shared: dict[int, tuple] = {}  # set index -> (metas, memfd) not yet sent
+        self.mine: dict[int, tuple] = {}  # ... not yet mapped here
+        # CPU: sets shared through memfds (AUTOPROFILER_EVAL_SHARE_INPUTS=0: made from seeds in each
+        # process, as on CUDA, where device memory is not shared this way)
+        self.share_sets = not self.tools.is_cuda and os.environ.get("AUTOPROFILER_EVAL_SHARE_INPUTS") != "0"
         self.ref_kept: dict[int, list] = {}
         self.rows: list[dict] = []  # one per block: calls, first use, ref ms, new ms, witness
 
@@ -442,14 +447,27 @@ class Timing:
         t_start = time.perf_counter()
         for k, block in enumerate(self.blocks):
             row = {"calls": [c for c, _, _ in block], "first": block[0][2]}
+            for _, s, first in block:
+                if first and self.share_sets:
+                    self.share_set(s)
             for side in ("ref", "new") if k % 2 == 0 else ("new", "ref"):
                 if side == "new":
-                    calls = [
-                        {"set": self.set_base + s, "seed": self.seed_of(s) if first else None}
-                        for _, s, first in block
-                    ]  # the candidate's process learns a set's seed only at its first use
+                    calls, fds = [], []
+                    for _, s, first in block:  # it learns of a set only at its first use
+                        call = {"set": self.set_base + s, "seed": self.seed_of(s) if first else None}
+                        if first and s in self.shared:
+                            metas, fd = self.shared.pop(s)
+                            call["shared"] = metas
+                            fds.append(fd)
+                        calls.append(call)
                     t0 = time.perf_counter()
-                    msg, _ = referee.request({"op": "block", "calls": calls, "keep": keep_new}, "timed")
+                    try:
+                        referee.link.send({"op": "block", "calls": calls, "keep": keep_new}, tuple(fds))
+                    except (BrokenPipeError, ConnectionError):
+                        pass  # it died: receive() says how
+                    finally:
+                        harness.close_fds(fds)
+                    msg, _ = referee.receive("timed")
                     row["wall"] = time.perf_counter() - t0
                     row["new"], row["sums"] = self.validate(msg, len(block))
                     keep_new = [c in self.checked for c, _, _ in block]
@@ -459,7 +477,7 @@ class Timing:
                     cpu0 = watch.cpu() if watch else 0.0
                     t0 = time.perf_counter()
                     held_ref, row["ref"], _, row["untimed"] = tools.time_block(
-                        self.ref, calls, self.sets, self.get_inputs
+                        self.ref, calls, self.sets, self.make_set
                     )
                     window += time.perf_counter() - t0
                     busy += (watch.cpu() - cpu0) if watch else 0.0
@@ -470,6 +488,25 @@ class Timing:
         self.timing_wall = time.perf_counter() - t_start
         self.keep_last = keep_new
         self.busy, self.window = busy, window
+
+    def share_set(self, index: int) -> None:
+        """Make input set ``index`` into a sealed memfd that both processes map (CPU), before either
+        uses it: both models then read the very same memory, as they would in one process."""
+        inputs = self.tools.make_inputs(self.get_inputs, self.seed_of(index))
+        if any(isinstance(x, (list, tuple, dict)) for x in inputs):
+            self.share_sets = False  # nested inputs: each process makes its own from the seed
+            return
+        metas, fd = harness.pack_tensors(self.tools, inputs)
+        self.shared[index] = (metas, fd)
+        self.mine[index] = (metas, os.dup(fd))
+
+    def make_set(self, index: int, seed: int) -> list:
+        """Input set ``index`` at its first use: mapped when shared (the candidate's process maps it in
+        its block the same way), else made from its seed."""
+        if index in self.mine:
+            metas, fd = self.mine.pop(index)
+            return harness.unpack_tensors(self.tools, metas, fd, copy=False)
+        return self.tools.make_inputs(self.get_inputs, seed)
 
     def seed_of(self, index: int) -> int:
         if index not in self.seeds:
@@ -547,6 +584,7 @@ class Timing:
             timing_blocks=len(self.rows),
             block_size=self.block_size,
             timing_input_sets=len(self.seeds),
+            timing_inputs="shared memfd" if self.share_sets else "made from seeds in each process",
             clean_ref_ms=self.clean_ms,
             ref_slowdown=round(ref_med / self.clean_ms, 3) if self.clean_ms else None,
             candidate_cpu_while_ref_timed_ms=round(self.busy * 1e3, 3),

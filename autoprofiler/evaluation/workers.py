@@ -51,6 +51,7 @@ PASSTHROUGH_ENV = (
     "MAX_JOBS",
     "OMP_NUM_THREADS",
     "MKL_NUM_THREADS",
+    "AUTOPROFILER_EVAL_SHARE_INPUTS",
 )
 # ... and every variable with one of these prefixes: CUDA/NCCL/driver configuration, not secrets (e.g. the
 # H200 image's NCCL_NVLS_ENABLE=0 must reach every process).

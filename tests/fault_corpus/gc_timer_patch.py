@@ -1,5 +1,5 @@
 # expect: suspicious
-# task: matmul_256
+# task: matmul_big
 # message: timer disagrees
 # why: finds every reference to the harness's clock through gc (perf_counter on CPU, the CUDA Event class
 #      on CUDA) and swaps in one that hides 70% of the time its own forward takes. The candidate's process

@@ -1,5 +1,5 @@
 # expect: suspicious
-# task: matmul_256
+# task: matmul_big
 # message: memoization
 # why: keeps every (input, output) pair it has computed and answers from that cache when an input is
 #      exactly equal to one seen before. Correct on every check; fast whenever timing reuses inputs. The

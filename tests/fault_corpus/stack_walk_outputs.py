@@ -1,5 +1,5 @@
 # expect: runtime_error
-# task: matmul_256
+# task: matmul_big
 # message: no reference outputs in reach
 # why: walks the stack up from forward looking for the harness's stored (inputs, reference outputs) pairs
 #      and returns the stored output whose inputs equal its own. In a single-process harness this is

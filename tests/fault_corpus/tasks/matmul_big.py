@@ -1,7 +1,8 @@
 # level: 1
 # tags: matmul, test
-"""A 256x256 fp32 matmul with a seeded weight (about a millisecond on one CPU core): long enough that a
-timer tampered with, or a cache of outputs, shows against the reference process's clock."""
+"""A 384x384 fp32 matmul with a seeded weight (3-4 ms on one core of the 2-CPU CI machine): long enough
+that a timer tampered with, or a cache of outputs, shows well above the noise of the reference
+process's clock on a loaded machine."""
 
 import torch
 import torch.nn as nn
@@ -17,8 +18,8 @@ class Model(nn.Module):
 
 
 def get_inputs():
-    return [torch.randn(256, 256)]
+    return [torch.randn(384, 384)]
 
 
 def get_init_inputs():
-    return [256]
+    return [384]
