@@ -586,7 +586,8 @@ def drop_privileges(device: str) -> str:
             return f"uid 0 (kept: {blocked} is not readable by other users, so Python would not be)"
     if device.startswith("cuda"):
         nodes = [os.path.join("/dev", n) for n in os.listdir("/dev") if n.startswith("nvidia")]
-        closed = [n for n in nodes if os.path.exists(n) and os.stat(n).st_mode & 0o006 != 0o006]
+        modes = {n: os.stat(n).st_mode for n in nodes if os.path.exists(n)}
+        closed = [n for n, mode in modes.items() if stat.S_ISCHR(mode) and mode & 0o006 != 0o006]
         if closed:
             return f"uid 0 (kept: {closed[0]} is not accessible to other users)"
     os.setgroups([])
