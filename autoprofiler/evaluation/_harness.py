@@ -619,7 +619,8 @@ def _closed_to_others(path: str) -> str | None:
 
 
 def role_module(role: str) -> types.ModuleType:
-    """The role's module (``_reference.py`` or ``_candidate.py`` beside this file), loaded by path once."""
+    """The module ``_<role>.py`` beside this file (``reference``, ``candidate``, ``watch``), loaded by
+    path once."""
     name = f"_autoprofiler_eval_{role}"
     if name not in sys.modules:
         spec = importlib.util.spec_from_file_location(name, os.path.join(HERE, f"_{role}.py"))
