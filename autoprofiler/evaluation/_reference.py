@@ -56,6 +56,7 @@ WINDOW_BUSY_SHARE = 0.10  # ... plus this share of the reference's timed windows
 WITNESS_SHARE = 0.3  # the clock here may see this much more than the candidate reports, per block ...
 WITNESS_SLACK_MS = 0.5  # ... plus this, plus twice the spread of the link's round trip (per block)
 SPREAD_TOLERANCE = 0.25  # block means / median call: the candidate's may exceed the reference's by this
+MIN_BLOCKS = 3  # a statistical check needs at least this many blocks of each kind it compares
 MEMO_RATIO = 1.5  # first use of an input set / later uses, beyond the reference's own ratio ...
 MEMO_SLACK_MS = 0.05  # ... plus this
 
@@ -632,8 +633,8 @@ class Timing:
         witness = {"rtt_ms": round(self.rtt * 1e3, 4), "slack_ms": round(slack, 4)}
         for group in ("first", "later"):
             rows = [r for r in self.rows if r["first"] == (group == "first")]
-            if not rows:
-                continue
+            if len(rows) < MIN_BLOCKS:
+                continue  # too few blocks to tell tampering from noise
             excesses = [self.witnessed(r) * 1e3 - sum(r["new"]) for r in rows]
             # first uses: the smallest excess (few blocks, and a candidate hiding memoization must shade
             # every one of them); the others: the median
@@ -654,7 +655,7 @@ class Timing:
         """The reported time is the median over calls, but the witness sees blocks: a candidate could
         report a few long calls and many short ones with the right sum. The median of its block means
         over its per-call median must not exceed the reference's same ratio by more than the tolerance."""
-        if self.block_size == 1 or not ref_med or not new_med:
+        if self.block_size == 1 or len(self.rows) < MIN_BLOCKS or not ref_med or not new_med:
             return
         ref_means, _ = harness.median_iqr([sum(r["ref"]) / len(r["ref"]) for r in self.rows])
         new_means, _ = harness.median_iqr([sum(r["new"]) / len(r["new"]) for r in self.rows])
@@ -674,7 +675,7 @@ class Timing:
         times compared are the candidate's own, each first use alone in a witnessed block."""
         first = [r for r in self.rows if r["first"]]
         later = [r for r in self.rows if not r["first"]]
-        if not first or not later:
+        if len(first) < MIN_BLOCKS or len(later) < MIN_BLOCKS:
             return
         # the fastest first use: a cache makes every first use slow, a loaded machine only some
         new_first = min(r["new"][0] for r in first)
@@ -701,13 +702,13 @@ def schedule(trials: int, sets: int, block_size: int, rng) -> list[list[tuple[in
     """Blocks of ``(call index, input set, first use)``: each set's first use at a random position, in a
     block of its own; the other calls draw a random set already in use, in blocks of ``block_size``.
 
-    >>> blocks = schedule(10, 3, 4, random.Random(0))
-    >>> [c for block in blocks for c, _, _ in block] == list(range(10))
+    >>> blocks = schedule(12, 3, 4, random.Random(0))
+    >>> [c for block in blocks for c, _, _ in block] == list(range(12))
     True
     >>> sum(first for block in blocks for _, _, first in block)
     3
     """
-    n_sets = max(1, min(sets, trials))
+    n_sets = max(1, min(sets, trials // 4))  # most calls reuse a set: first uses stand out
     firsts = {0, *rng.sample(range(1, trials), n_sets - 1)}
     blocks, current, introduced = [], [], 0
     for call in range(trials):
