@@ -27,11 +27,13 @@ from autoprofiler.evaluation import (
     evaluate,
     identity_candidate,
 )
-from autoprofiler.evaluation._harness import median_iqr
+from autoprofiler.evaluation._harness import median_iqr, role_module
 from autoprofiler.evaluation.static_checks import check_source, find_fallback_handlers
 from autoprofiler.tasks import Task
 
 CORPUS_DIR = Path(__file__).resolve().parent / "fault_corpus"
+input_module_source = role_module("reference").input_module_source
+schedule = role_module("reference").schedule
 BASE = EvalConfig(device="cpu", task_size="small", timing_trials=20, warmup=3, timeout_s=60.0)
 SPAWN_FIELDS = ("device", "task_size", "memory_limit_gb")
 
@@ -113,14 +115,22 @@ def test_suspicious_threshold_is_configurable(evaluator, matmul):
 
 # --- the sandbox ------------------------------------------------------------------------------------
 SPY = """
-import json, os, subprocess, sys
+import gc, json, os, subprocess, sys
 import torch
 import torch.nn as nn
 
 child = subprocess.Popen(["sleep", "600"])
+try:
+    import autoprofiler
+    package = autoprofiler.__file__
+except ImportError as exc:
+    package = "refused: " + str(exc)
+tasks = [name for name, m in sys.modules.items() if "get_inputs" in getattr(m, "__dict__", {{}})]
+stand_in = sys.modules[tasks[0]].Model.__doc__ if tasks else None
 with open({out!r}, "w") as fh:
-    json.dump({{"cwd": os.getcwd(), "env": dict(os.environ), "child": child.pid,
-               "argv": sys.argv, "path": sys.path}}, fh)
+    json.dump({{"cwd": os.getcwd(), "env": dict(os.environ), "child": child.pid, "uid": os.getuid(),
+               "argv": sys.argv, "path": sys.path, "package": package, "tasks": tasks,
+               "stand_in": stand_in}}, fh)
 
 
 class ModelNew(nn.Module):
@@ -142,8 +152,12 @@ def _alive(pid: int) -> bool:
 
 
 def test_sandbox_environment_tempdir_and_children(evaluator, matmul, tmp_path):
-    """The worker gets a scrubbed env and its own temp dir (removed after); its children are killed."""
-    out = tmp_path / "spy.json"
+    """The candidate's worker gets a scrubbed env without PYTHONPATH, its own temp dir (removed after), no
+    autoprofiler package and only a stand-in Model; its idle child is killed before timing."""
+    spy_dir = tmp_path / "spy"
+    spy_dir.mkdir()
+    spy_dir.chmod(0o777)  # the candidate may run as another user
+    out = spy_dir / "spy.json"
     result = evaluator.evaluate(matmul, SPY.format(out=str(out)))
     assert result.correct, result.summary()
     seen = json.loads(out.read_text())
@@ -151,11 +165,18 @@ def test_sandbox_environment_tempdir_and_children(evaluator, matmul, tmp_path):
     assert env["HOME"] == cwd and env["TMPDIR"] == cwd
     assert env["TORCH_EXTENSIONS_DIR"] == os.path.join(cwd, "torch_ext")
     assert env["AUTOPROFILER_TASK_SIZE"] == "small"
-    assert "PYTEST_CURRENT_TEST" not in env and "VIRTUAL_ENV" not in env
+    assert "PYTEST_CURRENT_TEST" not in env and "VIRTUAL_ENV" not in env and "PYTHONPATH" not in env
     assert not Path(cwd).exists(), "the worker's temp dir must be removed"
     assert not _alive(seen["child"]), "the candidate's child process must be killed"
+    assert result.details["children_killed"] == 1
     harness_dir = str(Path(cli.__file__).parent / "evaluation")
-    assert harness_dir not in seen["path"]
+    assert harness_dir not in seen["path"] and str(Path(cli.__file__).parents[1]) not in seen["path"]
+    assert seen["package"].startswith("refused"), seen["package"]
+    assert seen["tasks"] == ["_autoprofiler_task_inputs"] and "Stand-in" in seen["stand_in"]
+    user = result.details["candidate_worker"]["user"]
+    assert user.startswith(f"uid {seen['uid']}"), user
+    if os.geteuid() == 0 and seen["uid"] == 0:  # root kept only where Python is closed to other users
+        assert "kept" in user, user
 
 
 def test_timing_lock_is_held_only_while_timing(evaluator, matmul, tmp_path):
@@ -180,7 +201,7 @@ def test_unusable_timing_lock_is_the_evaluators_error(evaluator, matmul, tmp_pat
     with pytest.raises(EvaluatorError, match="timing lock"):
         evaluator.evaluate(matmul, identity_candidate(matmul.source), config=config)
     sneaky = (
-        "import torch.nn as nn\nfrom autoprofiler.evaluation._harness import Failure\n\n"
+        "import sys\nimport torch.nn as nn\nFailure = sys.modules['_autoprofiler_harness'].Failure\n\n"
         "class ModelNew(nn.Module):\n    def __init__(self, n):\n        super().__init__()\n\n"
         "    def forward(self, x):\n        raise Failure('evaluator_error', 'not really')\n"
     )
@@ -242,6 +263,59 @@ def test_median_iqr_by_hand():
     assert median_iqr([]) == (None, None)
 
 
+def test_input_module_source_replaces_model_keeping_lines():
+    """The candidate's process gets the task source with its Model class (and decorators) replaced by
+    the stand-in, on the same line numbers."""
+    src = "import torch\n\n@dec\nclass Model(torch.nn.Module):\n"
+    src += "    def forward(self, x):\n        return x\n\ndef get_inputs():\n    return [torch.randn(3)]\n"
+    out = input_module_source(src)
+    assert out == (
+        "import torch\n\nModel = _autoprofiler_stand_in\n\n\n\n\n"
+        "def get_inputs():\n    return [torch.randn(3)]\n"
+    )
+    assert out.splitlines().index("def get_inputs():") == src.splitlines().index("def get_inputs():")
+
+
+def test_timing_schedule_by_hand():
+    """Every call once, in order; each set's first use alone in its block; other blocks at most B long."""
+    import random
+
+    blocks = schedule(12, 3, 4, random.Random(1))
+    calls = [c for block in blocks for c, _, _ in block]
+    assert calls == list(range(12))
+    firsts = [block for block in blocks if block[0][2]]
+    assert len(firsts) == 3 and all(len(b) == 1 for b in firsts)
+    assert [b[0][1] for b in firsts] == [0, 1, 2] and blocks[0] == [(0, 0, True)]
+    assert all(len(b) <= 4 and not any(first for _, _, first in b) for b in blocks if not b[0][2])
+    seen = set()
+    for block in blocks:  # a set is used only after its first use
+        for _, s, first in block:
+            assert first == (s not in seen)
+            seen.add(s)
+
+
+def test_tensor_transport_round_trip_and_checks():
+    """Tensors and plain values survive a sealed memfd; a lying size or an unsealed memfd is refused."""
+    import torch
+
+    from autoprofiler.evaluation import _harness as harness
+
+    tools = harness.Tools(torch, "cpu")
+    values = [torch.arange(6, dtype=torch.float32).reshape(2, 3), 3, None, torch.tensor([True, False])]
+    metas, fd = harness.pack_tensors(tools, values)
+    back = harness.unpack_tensors(tools, metas, fd)
+    assert torch.equal(back[0], values[0]) and back[1:3] == [3, None] and torch.equal(back[3], values[3])
+    metas, fd = harness.pack_tensors(tools, values[:1])
+    bad = [dict(metas[0], shape=[4, 3])]
+    with pytest.raises(harness.ProtocolError, match="inconsistent sizes"):
+        harness.unpack_tensors(tools, bad, fd)
+    unsealed = os.memfd_create("x")
+    os.ftruncate(unsealed, 64)
+    with pytest.raises(harness.ProtocolError, match="seal"):
+        harness.unpack_tensors(tools, [], unsealed)
+    assert tools.checksum(values) == tools.checksum([v.clone() if hasattr(v, "clone") else v for v in values])
+
+
 @pytest.mark.parametrize(
     "body, flagged",
     [
@@ -300,6 +374,19 @@ def test_cli_eval_exit_codes(capsys, tmp_path):
         cli.main(["eval", str(TINY_TASK_DIR / "matmul.py"), str(tmp_path / "nope.py"), "--device", "cpu"])
         == 2
     )
+
+
+@pytest.mark.parametrize("share", ["1", "0"])
+def test_timing_inputs_shared_or_made_from_seeds(share, monkeypatch):
+    """CPU timing inputs are shared memfds by default; made from seeds in each process (the CUDA way)
+    with AUTOPROFILER_EVAL_SHARE_INPUTS=0. Either way identity is correct and memoization is caught."""
+    monkeypatch.setenv("AUTOPROFILER_EVAL_SHARE_INPUTS", share)
+    task = load_tiny_task("matmul_big")
+    with Evaluator(BASE, spares=1) as ev:
+        result = check_identity(ev, task)
+        assert result.details["timing_inputs"].startswith("shared" if share == "1" else "made from seeds")
+        memo = ev.evaluate(task, (CORPUS_DIR / "memoize_inputs.py").read_text())
+        assert memo.error_kind == "suspicious" and "memoization" in memo.error, memo.summary()
 
 
 # --- launch modes and concurrency -------------------------------------------------------------------

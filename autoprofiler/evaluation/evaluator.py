@@ -1,20 +1,29 @@
 """Sandboxed evaluation of a candidate ``ModelNew`` against a task's reference ``Model``.
 
-Each evaluation runs in a *fresh* worker process (a candidate may monkeypatch torch, leak threads or
-corrupt the CUDA context), but workers are made ahead of time: ``spares`` workers wait with torch
-imported and (on CUDA) the context created. Workers are forked from a per-Evaluator fork server (a
-"zygote" that imported torch once and never touches CUDA), so a new worker costs milliseconds instead
-of the 2-5 s of a new interpreter; ``fork_server=False`` (or ``AUTOPROFILER_EVAL_FORK_SERVER=0``) starts
-each worker with ``Popen`` instead, and the Evaluator falls back to that by itself if a forked worker
-fails to start. After a job the worker exits and a new spare is made.
+Each evaluation runs in a *fresh pair* of worker processes: a reference process, which runs the task,
+times the reference, drives and times the candidate from outside and writes the result, and a candidate
+process, which runs only the candidate, on inputs it builds from the task's input functions (with the
+``Model`` class replaced by a stand-in) and seeds it is sent. The reference model and its outputs never
+exist in the candidate's process; its outputs go back through sealed memfds and are compared in the
+reference process (``_reference.py``, ``_candidate.py``; the design and its limits: ``docs/evaluator.md``).
+
+Pairs are made ahead of time: ``spares`` pairs wait with torch imported and (on CUDA) the context
+created. Workers are forked from a per-Evaluator fork server (a "zygote" that imported torch once and
+never touches CUDA), so a new worker costs milliseconds instead of the 2-5 s of a new interpreter;
+``fork_server=False`` (or ``AUTOPROFILER_EVAL_FORK_SERVER=0``) starts each worker with ``Popen``
+instead, and the Evaluator falls back to that by itself if a forked worker fails to start. After a job
+both workers exit and a new spare pair is made.
 
 A worker (``_harness.py``, launched by path so no package ``__init__`` runs in the sandbox) has a
 scrubbed environment, its own temp dir (also ``HOME``, ``TMPDIR`` and ``TORCH_EXTENSIONS_DIR``), its own
-session (the whole process group is killed on timeout and after every job), ``RLIMIT_CORE=0`` and, on
-CPU, ``RLIMIT_AS``. Limits are set by the worker itself rather than a ``preexec_fn``, which is unsafe in
-a threaded parent such as a Ray actor. The job goes in on a pipe; the result comes back as one JSON
-line on another, tagged with a random nonce (a line without it means the candidate wrote on the result
-channel: ``suspicious``). Candidate stdout/stderr go to log files whose tail ends up in error messages.
+session (the whole process group is killed on timeout and after every job), ``RLIMIT_CORE=0`` and a
+memory limit (``RLIMIT_AS`` on CPU, ``RLIMIT_DATA`` for a CUDA candidate where the driver allows it).
+The candidate's has no ``PYTHONPATH``; run as root, it becomes ``nobody`` where the Python installation
+is readable by other users. Limits are set by the worker itself rather than a ``preexec_fn``, which is
+unsafe in a threaded parent such as a Ray actor. Jobs go in on pipes; the result comes back from the
+reference process as one JSON line tagged with a random nonce; the candidate process has nothing to say
+to the parent after its readiness line (any line from it: ``suspicious``). Candidate stdout/stderr go
+to log files whose tail ends up in error messages.
 
 Decisions (see also ``_harness.py``):
 
@@ -46,7 +55,7 @@ from autoprofiler.evaluation.results import (
     TaskError,
 )
 from autoprofiler.evaluation.static_checks import check_source
-from autoprofiler.evaluation.workers import ForkServer, Worker
+from autoprofiler.evaluation.workers import ForkServer, Pair
 from autoprofiler.rewards import speedup as compute_speedup
 from autoprofiler.tasks import Task
 
@@ -119,15 +128,15 @@ class Evaluator:
             fork_server = os.environ.get("AUTOPROFILER_EVAL_FORK_SERVER", "1") != "0"
         self.fork_server = fork_server
         self._server: ForkServer | None = None
-        self._pool: deque[Worker] = deque()
+        self._pool: deque[Pair] = deque()
         self._lock = threading.Lock()
         self._closed = False
         self.evaluations = 0
         self._replenish()
 
     # -- pool --------------------------------------------------------------------------------------
-    def _spawn(self) -> Worker:
-        """A new worker (call with ``self._lock`` held): forked by the fork server when enabled.
+    def _spawn(self) -> Pair:
+        """A new pair of workers (call with ``self._lock`` held): forked by the fork server when enabled.
 
         A dead fork server is replaced once; if a fresh one cannot take the request either, the
         Evaluator falls back to one interpreter per worker.
@@ -144,7 +153,7 @@ class Evaluator:
                         self._server.close()
                         self._server = None
                     self._server = ForkServer(self.config)
-                return Worker(self.config, self._server)
+                return Pair(self.config, self._server)
             except (EvaluatorError, OSError) as exc:
                 log.warning("fork server failed: %s", exc)
                 if self._server is not None:
@@ -152,15 +161,15 @@ class Evaluator:
         if self.fork_server:
             log.warning("falling back from the fork server to one interpreter per worker")
             self.fork_server = False
-        return Worker(self.config)
+        return Pair(self.config)
 
     def _replenish(self) -> None:
         with self._lock:
             while not self._closed and len(self._pool) < self.spares:
                 self._pool.append(self._spawn())
 
-    def _take(self) -> Worker:
-        """A warm worker; one retry with a fresh one; ``EvaluatorError`` when none starts.
+    def _take(self) -> Pair:
+        """A warm pair of workers; one retry with a fresh one; ``EvaluatorError`` when none starts.
 
         When a forked worker fails to start, the Evaluator falls back to plain ``Popen`` workers for
         good (a platform where fork-after-import misbehaves still evaluates, only slower).
@@ -170,13 +179,13 @@ class Evaluator:
             with self._lock:
                 if self._closed:
                     raise EvaluatorError("the Evaluator is closed")
-                worker = self._pool.popleft() if self._pool else self._spawn()
-            reason = worker.wait_ready(self.startup_timeout_s)
+                pair = self._pool.popleft() if self._pool else self._spawn()
+            reason = pair.wait_ready(self.startup_timeout_s)
             if reason is None:
-                return worker
+                return pair
             log.warning("evaluation worker failed to start: %s", reason)
-            worker.dispose()
-            if worker.server is not None and not worker.server.dead:  # a dead server is just restarted
+            pair.dispose()
+            if pair.server is not None and not pair.server.dead:  # a dead server is just restarted
                 log.warning("falling back from the fork server to one interpreter per worker")
                 with self._lock:
                     self.fork_server = False
@@ -188,9 +197,9 @@ class Evaluator:
     def warm_up(self) -> None:
         """Block until every spare is ready (e.g. before a timing-sensitive batch)."""
         with self._lock:
-            workers = list(self._pool)
-        for w in workers:
-            w.wait_ready(self.startup_timeout_s)
+            pairs = list(self._pool)
+        for pair in pairs:
+            pair.wait_ready(self.startup_timeout_s)
 
     # -- evaluation --------------------------------------------------------------------------------
     def evaluate(self, task: Task, candidate_source: str, config: EvalConfig | None = None) -> EvalResult:
@@ -224,46 +233,57 @@ class Evaluator:
             kind, reason = static
             return _failure(kind, reason, cfg, time.monotonic() - t0, details={"stage": "static check"})
 
-        worker = self._take()
+        pair = self._take()
         t_job = time.monotonic()
-        job = {
+        config = cfg.to_dict()
+        ref_job = {
             "nonce": secrets.token_hex(16),
             "task_source": task.source,
-            "candidate_source": candidate_source,
-            "config": cfg.to_dict(),
+            "config": config,
+            "candidate_pid": pair.cand.pid,
         }
+        cand_job = {"candidate_source": candidate_source, "config": dict(config, timing_lock=None)}
         try:
-            raw, kind, reason = worker.run(job, cfg.timeout_s)
-            pid = worker.pid
+            raw, kind, reason = pair.run(ref_job, cand_job, cfg.timeout_s)
+            if raw is not None and raw.get("candidate_died"):
+                pair.cand.kill()
+                reason = f"{pair.cand.exit_reason()}; {pair.cand.log_tail()}"
+                raw["error"] = f"{raw.get('error')} ({reason})"
+            pids = {"pid": pair.cand.pid, "reference_pid": pair.ref.pid}
+            workers = {"candidate_worker": pair.cand.info, "reference_worker": pair.ref.info}
         finally:
-            worker.dispose()
+            pair.dispose()
             self._replenish()
         self.evaluations += 1
         wall = time.monotonic() - t0
         if raw is None:
-            if kind in ("timeout", "crashed") and worker.phase in (
+            phase = pair.ref.phase
+            if kind in ("timeout", "crashed") and phase in (
+                "starting",
                 "loading the task",
                 "running the reference",
             ):
-                raise TaskError(f"task {task.id}: the reference {kind} during {worker.phase}: {reason}")
+                raise TaskError(f"task {task.id}: the reference {kind} during {phase}: {reason}")
             return _failure(
                 kind,
                 reason,
                 cfg,
                 wall,
-                compiled=worker.phase not in _BUILD_PHASES,
-                details={"phase": worker.phase, "pid": pid},
+                compiled=phase not in _BUILD_PHASES,
+                details={"phase": phase, **pids},
             )
-        return self._result(task, raw, cfg, wall, time.monotonic() - t_job, pid)
+        return self._result(
+            task, raw, cfg, wall, time.monotonic() - t_job, {**pids, **_worker_details(workers)}
+        )
 
-    def _result(self, task: Task, raw: dict, cfg: EvalConfig, wall: float, job_s: float, pid: int):
+    def _result(self, task: Task, raw: dict, cfg: EvalConfig, wall: float, job_s: float, extra: dict):
         kind = raw.get("error_kind")
         if kind == "task_error":
             raise TaskError(f"task {task.id}: {raw.get('error')}")
         if kind == "evaluator_error":  # not the candidate's fault: no result, so nothing is recorded
             raise EvaluatorError(f"evaluating a candidate for {task.id}: {raw.get('error')}")
         details = dict(raw.get("details") or {})
-        details.update(job_s=round(job_s, 3), pid=pid)
+        details.update(job_s=round(job_s, 3), **extra)
         result = EvalResult(
             compiled=bool(raw.get("compiled")),
             correct=bool(raw.get("correct")) and kind is None,
@@ -293,8 +313,8 @@ class Evaluator:
             self._closed = True
             workers, self._pool = list(self._pool), deque()
             server, self._server = self._server, None
-        for w in workers:
-            w.dispose()
+        for pair in workers:
+            pair.dispose()
         if server is not None:
             server.close()
 
@@ -309,6 +329,14 @@ class Evaluator:
             self.close()
         except Exception:
             pass
+
+
+def _worker_details(workers: dict) -> dict:
+    """What each worker said about itself when ready: its user and memory limit."""
+    out = {}
+    for role, info in workers.items():
+        out[role] = {k: info[k] for k in ("user", "limits") if k in info}
+    return out
 
 
 _BUILD_PHASES = (

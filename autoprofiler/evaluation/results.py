@@ -44,20 +44,25 @@ class EvalConfig:
         device: ``"cpu"``, ``"cuda"`` or ``"cuda:N"``.
         task_size: exported as ``AUTOPROFILER_TASK_SIZE`` in the worker (``"full"`` or ``"small"``).
         correctness_trials: trials with fresh inputs seeded ``seed + trial``.
-        timing_trials: timed calls of each model (interleaved ref/new pairs).
+        timing_trials: timed calls of each model (in alternating blocks of the two processes).
         warmup: untimed calls of each model before timing.
         atol, rtol: ``None`` picks by output dtype: 1e-4 for fp32/fp64, 1e-2 for fp16/bf16.
-        seed: seeds ``Model`` and ``ModelNew`` construction and the inputs.
+        seed: seeds ``Model`` and ``ModelNew`` construction and the correctness inputs (timing inputs
+            use secret seeds).
         timeout_s: wall-clock limit of one job in the worker (warm-up not counted).
-        memory_limit_gb: ``RLIMIT_AS`` of a CPU worker; not applied with CUDA (CUDA reserves huge
-            virtual ranges); ``None`` for no limit.
+        memory_limit_gb: ``RLIMIT_AS`` of both CPU workers; on CUDA (which reserves huge virtual
+            ranges, so ``RLIMIT_AS`` breaks it) ``RLIMIT_DATA`` of the candidate's worker, kept only if
+            the CUDA context still works under it (``details["candidate_worker"]["limits"]`` says which);
+            GPU memory is not limited. ``None`` for no limit.
         suspicious_speedup: a correct candidate faster than this is flagged ``suspicious``.
         rel_norm_tol: limit on ``|out-ref|/|ref|`` (catches near-zero outputs passing ``atol``);
             ``None``: ``10 * max(atol, rtol)``.
-        timing_input_sets: input sets rotated during timing.
+        timing_input_sets: input sets the timed calls draw from, each made on first use from a secret
+            seed (the first use of each is timed alone: memoization shows).
         l2_flush_mb: size of the buffer written before each timed CUDA call (0: no flush).
-        timing_lock: path of a lock file held (``flock``) only while timing, so workers sharing a GPU
-            build and check concurrently but time one at a time; ``None``: no lock.
+        timing_lock: path of a lock file the reference process holds (``flock``) only while timing
+            both models, so workers sharing a GPU build and check concurrently but time one at a time;
+            the candidate's process never sees it. ``None``: no lock.
 
     >>> EvalConfig(device="cpu", task_size="small", timing_trials=20).timing_trials
     20

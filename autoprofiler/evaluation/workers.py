@@ -1,10 +1,11 @@
-"""Sandboxed worker processes: the fork server ("zygote"), one worker, and the worker environment.
+"""Sandboxed worker processes: the fork server ("zygote"), one worker, a pair, the worker environment.
 
-A worker runs ``_harness.py`` (by path: no package ``__init__`` runs inside the sandbox) in its own
-session, temp dir and scrubbed environment; the job goes in on a pipe and the result comes back as
-JSON lines on another. ``ForkServer`` imports torch once and forks fresh workers from it (milliseconds
+A worker runs ``_harness.py`` (by path: no package ``__init__`` runs inside the sandbox) in one role
+(reference or candidate) in its own session, temp dir and scrubbed environment; the job goes in on a
+pipe and lines come back on another. A ``Pair`` is the two workers of one evaluation, joined by a
+socket of their own. ``ForkServer`` imports torch once and forks fresh workers from it (milliseconds
 instead of seconds); ``Worker`` without a server starts a new interpreter with ``Popen``. The
-``Evaluator`` (``evaluator.py``) owns both; nothing here knows about tasks or results.
+``Evaluator`` (``evaluator.py``) owns them; nothing here knows about tasks or results.
 """
 
 from __future__ import annotations
@@ -31,6 +32,9 @@ log = logging.getLogger(__name__)
 
 HARNESS_PATH = Path(_harness.__file__).resolve()
 PACKAGE_ROOT = HARNESS_PATH.parents[2]  # the folder holding the autoprofiler package
+# As root, the candidate process becomes this user (AUTOPROFILER_EVAL_DROP_PRIVILEGES=0 keeps root).
+UNPRIVILEGED_ID = _harness.UNPRIVILEGED_ID
+DROP_PRIVILEGES = os.environ.get("AUTOPROFILER_EVAL_DROP_PRIVILEGES", "1") != "0"
 # Environment variables passed through to the worker unchanged when set (everything else is dropped).
 PASSTHROUGH_ENV = (
     "LANG",
@@ -47,6 +51,7 @@ PASSTHROUGH_ENV = (
     "MAX_JOBS",
     "OMP_NUM_THREADS",
     "MKL_NUM_THREADS",
+    "AUTOPROFILER_EVAL_SHARE_INPUTS",
 )
 # ... and every variable with one of these prefixes: CUDA/NCCL/driver configuration, not secrets (e.g. the
 # H200 image's NCCL_NVLS_ENABLE=0 must reach every process).
@@ -118,13 +123,14 @@ class ForkServer:
                     self._exits[int(msg["exited"])] = int(msg["code"])
                 self._cond.notify_all()
 
-    def request(self, tmp: Path, env: dict, args: list[str], job_r: int, result_w: int) -> str:
-        """Queue a fork; returns the request id (the pid follows via ``pid``). Does not block."""
+    def request(self, tmp: Path, env: dict, args: list[str], fds: list[int]) -> str:
+        """Queue a fork (``fds``: job read end, result write end, link end); returns the request id (the
+        pid follows via ``pid``). Does not block."""
         rid = secrets.token_hex(8)
         payload = json.dumps({"id": rid, "tmp": str(tmp), "env": env, "args": args}).encode()
         with self._send_lock:
             try:
-                socket.send_fds(self.sock, [payload], [job_r, result_w])
+                socket.send_fds(self.sock, [payload], fds)
             except OSError as exc:
                 with self._cond:
                     self.dead = True
@@ -171,34 +177,58 @@ class ForkServer:
 
 
 class Worker:
-    """One sandboxed worker process, from spawn to disposal (forked by a ``ForkServer`` or Popen'd)."""
+    """One sandboxed worker process in one role, from spawn to disposal (forked by a ``ForkServer`` or
+    Popen'd). ``link_fd`` is its end of the pair's link; the worker keeps its own copy."""
 
-    def __init__(self, config: EvalConfig, server: ForkServer | None = None):
+    def __init__(self, config: EvalConfig, role: str, link_fd: int, server: ForkServer | None = None):
         self.config = config
+        self.role = role
         self.server = server
-        self.tmp = Path(tempfile.mkdtemp(prefix="autoprofiler-eval-"))
+        self.tmp = Path(tempfile.mkdtemp(prefix=f"autoprofiler-{role[:3]}-"))
         self.ready = False
+        self.info: dict = {}
         self.phase = "starting"
         self._buf = b""
         self._pid: int | None = None
         self._rid: str | None = None
         self.proc: subprocess.Popen | None = None
+        drop = role == "candidate" and os.geteuid() == 0 and DROP_PRIVILEGES
+        if drop:  # the unprivileged candidate writes its temp dir (logs are opened before the drop)
+            os.chown(self.tmp, UNPRIVILEGED_ID, UNPRIVILEGED_ID)
         result_r, result_w = os.pipe()
         job_r, job_w = os.pipe()
         self.read_fd, self.job_fd = result_r, job_w
-        args = ["--device", config.device, "--memory-limit-gb", str(config.memory_limit_gb or 0)]
-        env = worker_env(config, self.tmp)
+        args = [
+            "--role",
+            role,
+            "--device",
+            config.device,
+            "--memory-limit-gb",
+            str(config.memory_limit_gb or 0),
+        ]
+        if drop:
+            args.append("--drop-privileges")
+        env = worker_env(config, self.tmp, role)
         try:
             if server is not None:
-                self._rid = server.request(self.tmp, env, args, job_r, result_w)
+                self._rid = server.request(self.tmp, env, args, [job_r, result_w, link_fd])
             else:
                 with open(self.tmp / "stdout.log", "wb") as out, open(self.tmp / "stderr.log", "wb") as err:
                     self.proc = subprocess.Popen(
-                        [sys.executable, "-s", str(HARNESS_PATH), "--result-fd", str(result_w), *args],
+                        [
+                            sys.executable,
+                            "-s",
+                            str(HARNESS_PATH),
+                            "--result-fd",
+                            str(result_w),
+                            "--link-fd",
+                            str(link_fd),
+                            *args,
+                        ],
                         stdin=job_r,
                         stdout=out,
                         stderr=err,
-                        pass_fds=(result_w,),
+                        pass_fds=(result_w, link_fd),
                         start_new_session=True,
                         env=env,
                         cwd=self.tmp,
@@ -235,6 +265,15 @@ class Worker:
         line, self._buf = self._buf.split(b"\n", 1)
         return line
 
+    def read_available(self) -> tuple[list[bytes], bool]:
+        """Complete lines readable now without blocking, and whether the pipe reached EOF."""
+        chunk = os.read(self.read_fd, 1 << 16)
+        if not chunk:
+            return [], True
+        self._buf += chunk
+        *lines, self._buf = self._buf.split(b"\n")
+        return lines, False
+
     def wait_ready(self, timeout_s: float) -> str | None:
         """Block until the worker is warm. Returns ``None`` when ready, else why it is not."""
         if self.ready:
@@ -243,60 +282,28 @@ class Worker:
         try:
             line = self._read_line(deadline)
         except TimeoutError:
-            return f"the worker did not become ready within {timeout_s:.0f} s"
+            return f"the {self.role} worker did not become ready within {timeout_s:.0f} s"
         if line is None:
             extra = f" fork server: {self.server.error or self.server.log_tail()}" if self.server else ""
-            return f"the worker exited during start-up ({self._exit_reason()}): {self.log_tail()}{extra}"
+            reason = self.exit_reason()
+            return f"the {self.role} worker exited during start-up ({reason}): {self.log_tail()}{extra}"
         try:
             msg = json.loads(line)
         except ValueError:
             return f"unexpected start-up line {line[:200]!r}"
         if msg.get("ready"):
             self.ready = True
+            self.info = msg
             return None
-        return f"the worker failed to start: {msg.get('startup_error', msg)}"
+        return f"the {self.role} worker failed to start: {msg.get('startup_error', msg)}"
 
-    def run(self, job: dict, timeout_s: float) -> tuple[dict | None, str, str]:
-        """Send a job; returns ``(result | None, failure_kind, failure_message)``."""
-        nonce = job["nonce"]
+    def send_job(self, job: dict) -> None:
         try:
             with os.fdopen(self.job_fd, "wb") as fh:
                 self.job_fd = -1
                 fh.write(json.dumps(job).encode())
         except OSError:
             pass  # it died; reading reports how
-        deadline = time.monotonic() + timeout_s
-        forged = False
-        channel = "the candidate wrote on the evaluator's result channel"
-        while True:
-            try:
-                line = self._read_line(deadline)
-            except TimeoutError:
-                tail = self.log_tail()
-                return (
-                    None,
-                    "timeout",
-                    f"no result within timeout_s={timeout_s:g} s (during {self.phase}); {tail}",
-                )
-            if line is None:
-                break
-            try:
-                msg = json.loads(line)
-            except ValueError:
-                forged = True
-                continue
-            if not isinstance(msg, dict):
-                forged = True
-            elif "phase" in msg and len(msg) == 1:
-                self.phase = str(msg["phase"])[:200]
-            elif msg.get("nonce") == nonce and isinstance(msg.get("result"), dict):
-                return (None, "suspicious", channel) if forged else (msg["result"], "", "")
-            else:
-                forged = True
-        if forged:
-            return None, "suspicious", channel
-        reason = self._exit_reason()
-        return None, "crashed", f"the worker died during {self.phase} ({reason}); {self.log_tail()}"
 
     def exit_code(self, timeout: float) -> int | None:
         if self.proc is not None:
@@ -307,8 +314,8 @@ class Worker:
         pid = self.pid
         return None if pid is None or self.server is None else self.server.exit_code(pid, timeout)
 
-    def _exit_reason(self) -> str:
-        code = self.exit_code(5.0)
+    def exit_reason(self, timeout: float = 5.0) -> str:
+        code = self.exit_code(timeout)
         if code is None:
             return "exit status unknown"
         if code < 0:
@@ -330,15 +337,21 @@ class Worker:
         text = "output tail: " + (" ".join(parts) or "(no output)")
         return text[-limit:]
 
-    def dispose(self) -> None:
-        """Kill the whole process group, close the pipes, remove the temp dir."""
+    def kill(self) -> None:
+        """Kill the whole process group (the candidate may have left children behind)."""
         pid = self.pid
         if pid is not None:
-            for kill in (os.killpg, os.kill):  # the group: the candidate may have left children behind
+            for kill in (os.killpg, os.kill):
                 try:
                     kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, PermissionError):
                     pass
+
+    def dispose(self) -> None:
+        """Kill the process group, close the pipes, remove the temp dir."""
+        self.kill()
+        pid = self.pid
+        if pid is not None:
             self.exit_code(10.0)
         if self.server is not None and self._rid is not None:
             self.server.forget(self._rid, pid)
@@ -352,8 +365,98 @@ class Worker:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
-def worker_env(config: EvalConfig, tmp: Path) -> dict[str, str]:
-    """The scrubbed environment of a worker: only what torch, nvcc and the task need."""
+class Pair:
+    """The two processes of one evaluation: a reference worker and a candidate worker, joined by a link.
+
+    The link (a ``SOCK_SEQPACKET`` socketpair) is made here and handed to both at spawn; the parent
+    keeps no end of it. The parent sends each its job, then waits for the reference worker's result
+    line, reading the candidate worker's result pipe meanwhile: after its readiness line the candidate
+    has nothing to say to the parent, so any line there is a forgery.
+    """
+
+    def __init__(self, config: EvalConfig, server: ForkServer | None = None):
+        ref_end, cand_end = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            self.ref = Worker(config, "reference", ref_end.fileno(), server)
+            try:
+                self.cand = Worker(config, "candidate", cand_end.fileno(), server)
+            except BaseException:
+                self.ref.dispose()
+                raise
+        finally:
+            ref_end.close()
+            cand_end.close()
+        self.server = server
+
+    def wait_ready(self, timeout_s: float) -> str | None:
+        return self.ref.wait_ready(timeout_s) or self.cand.wait_ready(timeout_s)
+
+    def run(self, ref_job: dict, cand_job: dict, timeout_s: float) -> tuple[dict | None, str, str]:
+        """Send both jobs; returns ``(result | None, failure_kind, failure_message)`` (kinds: timeout,
+        crashed for the reference process's death, suspicious for a forged line)."""
+        nonce = ref_job["nonce"]
+        self.ref.send_job(ref_job)
+        self.cand.send_job(cand_job)
+        deadline = time.monotonic() + timeout_s
+        forged = False
+        watching = {self.ref.read_fd: self.ref, self.cand.read_fd: self.cand}
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                where = self.ref.phase
+                tail = self.cand.log_tail()
+                return None, "timeout", f"no result within timeout_s={timeout_s:g} s (during {where}); {tail}"
+            ready, _, _ = select.select(list(watching), [], [], min(left, 1.0))
+            for fd in ready:
+                worker = watching[fd]
+                lines, eof = worker.read_available()
+                if eof:
+                    del watching[fd]
+                    if worker is self.ref:
+                        why = f"{self.ref.exit_reason()}; {self.ref.log_tail()}"
+                        return None, "crashed", f"the reference process died during {self.ref.phase} ({why})"
+                for line in lines:
+                    try:
+                        msg = json.loads(line)
+                    except ValueError:
+                        msg = None
+                    if isinstance(msg, dict) and "phase" in msg and len(msg) == 1:
+                        worker.phase = str(msg["phase"])[:200]
+                    elif worker is self.cand:
+                        forged = True
+                    elif (
+                        isinstance(msg, dict)
+                        and msg.get("nonce") == nonce
+                        and isinstance(msg.get("result"), dict)
+                    ):
+                        forged = forged or self._forged_late()
+                        channel = "the candidate wrote on the evaluator's result channel"
+                        return (None, "suspicious", channel) if forged else (msg["result"], "", "")
+
+    def _forged_late(self) -> bool:
+        """Lines the candidate worker wrote that are still unread (non-blocking)."""
+        if self.cand.read_fd < 0:
+            return False
+        ready, _, _ = select.select([self.cand.read_fd], [], [], 0)
+        if not ready:
+            return False
+        lines, _eof = self.cand.read_available()
+        return bool(lines) or bool(self.cand._buf.strip())
+
+    def dispose(self) -> None:
+        self.cand.kill()
+        self.ref.kill()
+        self.cand.dispose()
+        self.ref.dispose()
+
+
+def _is_result(msg, nonce: str) -> bool:
+    return isinstance(msg, dict) and msg.get("nonce") == nonce and isinstance(msg.get("result"), dict)
+
+
+def worker_env(config: EvalConfig, tmp: Path, role: str = "reference") -> dict[str, str]:
+    """The scrubbed environment of a worker: only what torch, nvcc and the task need (the candidate's
+    has no ``PYTHONPATH``: the evaluator's package is not on its path)."""
     env = {k: v for k, v in os.environ.items() if k in PASSTHROUGH_ENV or k.startswith(PASSTHROUGH_PREFIXES)}
     bin_dir = str(Path(sys.executable).parent)  # ninja (for load_inline) lives beside the interpreter
     path = os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -366,10 +469,11 @@ def worker_env(config: EvalConfig, tmp: Path) -> dict[str, str]:
         TORCH_EXTENSIONS_DIR=str(tmp / "torch_ext"),
         TRITON_CACHE_DIR=str(tmp / "triton"),
         XDG_CACHE_HOME=str(tmp / "cache"),
-        PYTHONPATH=str(PACKAGE_ROOT),
         PYTHONDONTWRITEBYTECODE="1",
         AUTOPROFILER_TASK_SIZE=config.task_size,
     )
+    if role != "candidate":
+        env["PYTHONPATH"] = str(PACKAGE_ROOT)
     env.setdefault("LANG", "C.UTF-8")
     if config.device == "cpu":
         # glibc's malloc adapts its mmap threshold and trims the heap top as a run goes, so one of two

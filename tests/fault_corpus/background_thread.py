@@ -2,11 +2,10 @@
 # task: matmul
 # message: thread(s)
 # why: correct, but starts a thread that spins on the GIL so the reference runs slower while timed.
-# (The harness has two signs of such a thread: its CPU time while timed, and its stack at the end of
-# timing, inside the candidate's code. The first alone was a measurement: in 2 of 6 fresh-clone CI
-# runs on a loaded 2-CPU machine the timing phase ended before the OS scheduled the hog, and the case
-# came back correct. The second does not depend on scheduling: 8 of 8 detected, each by the stack
-# sign, with three `while True: pass` processes beside it on this 2-CPU machine, 20 timing trials.)
+# (Before timing, the reference process looks at the candidate's threads three times in a 5 ms window
+# while the candidate's process waits for its next request: a thread in state R in two of the looks is
+# a scheduling fact, not a measurement, so it is caught on a loaded machine too. At the end of timing the
+# candidate's process also reports threads still executing the candidate's code.)
 import threading
 
 import torch

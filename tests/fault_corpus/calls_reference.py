@@ -1,7 +1,8 @@
 # expect: suspicious
 # task: matmul
 # message: reference Model
-# why: finds the harness's reference module and delegates to its Model.
+# why: finds the harness's task module and delegates to its Model (in the candidate's process, a
+#      stand-in that records its use: the reference model is in another process).
 import sys
 
 import torch.nn as nn

@@ -1,8 +1,9 @@
 # expect: suspicious
 # task: matmul
 # message: modified its inputs while timed
-# why: behaves during the 5 correctness trials, then scribbles into its (shared) timing inputs, which
-#      could slow down the reference (denormals) or feed it easier data.
+# why: behaves during the 5 correctness trials, then scribbles into its timing inputs (in a harness that
+#      shares them with the reference, that slows the reference down with denormals). Its inputs'
+#      checksums after timing differ from the reference process's.
 import torch
 import torch.nn as nn
 
