@@ -100,7 +100,7 @@ def load_config(
     parser.add_argument("--config", default=None, help=f"a YAML config (keys as in {Path(yaml_path).name})")
     parser.add_argument("--resume", action="store_true", help="continue from out_dir's last checkpoint")
     parser.add_argument("overrides", nargs="*", help="key=value (YAML values; dots for nested keys)")
-    args = parser.parse_args(list(argv))
+    args = parser.parse_intermixed_args(list(argv))
     schema = yaml.safe_load(Path(yaml_path).read_text())
     cfg = json.loads(json.dumps(schema))
     problems: list[str] = []

@@ -37,7 +37,7 @@ def read_case(path: Path) -> dict:
     """The ``# key: value`` header of a corpus file (as ``tests/test_evaluation.py`` reads it)."""
     header = {"config": {}, "device": "cpu"}
     for line in path.read_text().splitlines():
-        m = re.match(r"#\s*(expect|task|config|device|message):\s*(.+)$", line)
+        m = re.match(r"#\s*(expect|task|config|device|message|message_cuda):\s*(.+)$", line)
         if m:
             header[m.group(1)] = json.loads(m.group(2)) if m.group(1) == "config" else m.group(2).strip()
     return header
@@ -143,7 +143,8 @@ def test_fault_corpus_on_cuda(gpu_evaluator, name):
         assert result.correct, result.summary()
     else:
         assert result.error_kind == expected, result.summary()
-        assert case.get("message", "") in result.error, result.error
+        message = case.get("message_cuda", case.get("message", ""))
+        assert message in result.error, result.error
     _identity_ok(gpu_evaluator, "matmul")
 
 

@@ -104,9 +104,10 @@ def test_replay_run_writes_tree_log_evaluation_and_report(tmp_path):
 def test_resume_continues_the_log(tmp_path):
     """A run stopped after one decision and resumed with --resume continues the same log."""
     out = tmp_path / "run"
-    run(*replay_args(out), "tree=tests/fixtures/replay/lone_leaf.json", "learn.max_decisions=1", "runtime.ray=false")
+    lone = "tree=tests/fixtures/replay/lone_leaf.json"
+    run(*replay_args(out), lone, "learn.max_decisions=1", "runtime.ray=false")
     assert len((out / "proposals.jsonl").read_text().splitlines()) == 1
-    run(*replay_args(out), "tree=tests/fixtures/replay/lone_leaf.json", "--resume", "runtime.ray=false")
+    run(*replay_args(out), lone, "--resume", "runtime.ray=false")
     log = [json.loads(x) for x in (out / "proposals.jsonl").read_text().splitlines()]
     assert [d["decision"] for d in log] == list(range(len(log))) and len(log) > 1
     assert any(d["accepted"] and d["operator"] == "SPLIT" for d in log)

@@ -52,7 +52,7 @@ def read_config(argv: list[str]) -> tuple[dict, dict, dict, dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default=str(REPO / "serve_config.yaml"), help="a Serve config file")
     parser.add_argument("overrides", nargs="*", help="key=value (YAML values)")
-    args = parser.parse_args(argv)
+    args = parser.parse_intermixed_args(argv)
     try:
         config = yaml.safe_load(Path(args.config).read_text())
         (app,) = config["applications"]

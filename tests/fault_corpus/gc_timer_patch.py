@@ -1,6 +1,7 @@
 # expect: suspicious
 # task: matmul_big
 # message: timer disagrees
+# message_cuda: replaced torch functions: torch.cuda.Event
 # why: finds every reference to the harness's clock through gc (perf_counter on CPU, the CUDA Event class
 #      on CUDA) and swaps in one that hides 70% of the time its own forward takes. The candidate's process
 #      then reports 3x faster calls; the reference process's clock, which it cannot reach, does not agree.
