@@ -56,6 +56,7 @@ def test_shipped_config_loads_and_opens_with_its_command():
     first = (REPO / "workflows" / "train.yaml").read_text().splitlines()[0]
     assert first.startswith("# python workflows/train.py")
     assert cfg["environment"] in ("live", "replay", "auto") and cfg["learn"]["confidence"] == 0.9
+    assert cfg["learn"]["error_control"] == "run"  # confidence bounds the whole run's false accepts
 
 
 def test_config_problems_are_reported_together():
@@ -66,6 +67,8 @@ def test_config_problems_are_reported_together():
         _train_module().read_config(["nope=1", "max_tasks=many", "environment=cloud", "tree.x=1"])
     msg = str(e.value)
     assert all(s in msg for s in ("'nope'", "max_tasks", "environment", "'tree' is not a nested section"))
+    with pytest.raises(ConfigError, match="error_control: expected one of \\['run', 'decision'\\]"):
+        _train_module().read_config(["learn.error_control=family"])
 
 
 def test_overrides_are_typed_and_nested():
@@ -102,12 +105,20 @@ def test_replay_run_writes_tree_log_evaluation_and_report(tmp_path):
 
 
 def test_resume_continues_the_log(tmp_path):
-    """A run stopped after one decision and resumed with --resume continues the same log."""
+    """A run stopped after one decision and resumed with --resume continues the same log.
+
+    Per-decision control at 0.2: on this split's 5 acceptance tasks the fixture's split changes 3, all for
+    the better (exact evidence 1/8), which clears 0.2 per decision but neither 0.1 nor the run-level share
+    0.1 / 12 of train.yaml; the resume needs an accept to continue from."""
     out = tmp_path / "run"
-    lone = "tree=tests/fixtures/replay/lone_leaf.json"
-    run(*replay_args(out), lone, "learn.max_decisions=1", "runtime.ray=false")
+    lone = [
+        "tree=tests/fixtures/replay/lone_leaf.json",
+        "learn.error_control=decision",
+        "learn.confidence=0.8",
+    ]
+    run(*replay_args(out), *lone, "learn.max_decisions=1", "runtime.ray=false")
     assert len((out / "proposals.jsonl").read_text().splitlines()) == 1
-    run(*replay_args(out), lone, "--resume", "runtime.ray=false")
+    run(*replay_args(out), *lone, "--resume", "runtime.ray=false")
     log = [json.loads(x) for x in (out / "proposals.jsonl").read_text().splitlines()]
     assert [d["decision"] for d in log] == list(range(len(log))) and len(log) > 1
     assert any(d["accepted"] and d["operator"] == "SPLIT" for d in log)

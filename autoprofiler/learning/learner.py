@@ -5,7 +5,12 @@ tried first, then SPLIT candidates (feature, threshold, and the groups each new 
 candidate tree is compared with the incumbent on the training tasks, paired: only the tasks routed to the
 changed leaf can change (every other paired difference is exactly zero by construction), so only those
 are evaluated. A candidate is accepted when a one-sided lower confidence bound of the mean paired reward
-gain over the affected tasks exceeds ``margin`` (and at least ``min_tasks`` tasks are affected).
+gain over the affected acceptance tasks exceeds ``margin``, the sign-flip p-value of "no gain" is
+at most the decision's level, and at least ``min_tasks`` tasks are affected (``stats.paired_test``).
+The level is ``LearnConfig.level()``: by default (``error_control="run"``) the run's ``1 - confidence``
+spread evenly over ``max_decisions``, so the chance that a run accepts any edit that does not help stays
+at ``1 - confidence``; ``error_control="decision"`` tests each decision at ``1 - confidence`` (the
+paper's). Proposers see only the selection tasks (``LeafContext``), never an acceptance task's reward.
 
 Work goes to the environment in batches, submitted at once and then gathered (what a fan-out over GPU
 workers parallelizes): the probe sweep is one ``Environment.outcomes`` call, and each decision is one
@@ -257,16 +262,16 @@ class Learner:
         return out
 
     def context(self, tree: ProfilingTree, leaf: str) -> LeafContext:
-        """What the proposer sees of ``leaf``: the proposal tasks routed to it and their rewards."""
+        """What the proposer sees of ``leaf``: the selection tasks routed to it, their metrics and rewards
+        (``LeafContext.of`` keeps only their entries: no acceptance task's reward reaches a proposer)."""
         tasks = [t for t in self.proposal_tasks_ if self.leaf_of(tree, t) == leaf]
-        return LeafContext(
+        return LeafContext.of(
             tree,
             leaf,
-            tree.leaf(leaf).groups,
             tasks,
             self._metrics,
             self._rewards,
-            dict(self.probe_configurations),
+            self.probe_configurations,
             self._features(tree, tasks),
             self._groups_allowed,
             self.config,
@@ -277,6 +282,9 @@ class Learner:
         self, tree: ProfilingTree, cand: Candidate, index: int, n_tried: int = 1
     ) -> tuple[Decision, ProfilingTree | None]:
         """Test one candidate against ``tree``; returns the decision and the candidate tree if accepted.
+
+        The test runs at ``config.level(n_tried)`` (``n_tried``: candidates tried on this (leaf, phase),
+        which only ``bonferroni`` under ``error_control="decision"`` uses); the level is logged.
 
         The incumbent and candidate cells of every affected test task and seed go to the environment
         in one ``outcomes`` call (none when the memo holds them all); gains come from the memo.
@@ -298,13 +306,11 @@ class Learner:
         for t, c_old, c_new in paired:
             gains.append(self._rewards[(t.hash, c_new)] - self._rewards[(t.hash, c_old)])
             moved[c_new] = moved.get(c_new, 0) + 1
-        confidence = self.config.confidence
-        if self.config.bonferroni and n_tried > 1:
-            confidence = 1.0 - (1.0 - confidence) / n_tried
+        level = self.config.level(n_tried)
         test = paired_test(
             gains,
             self.config.method,
-            confidence,
+            1.0 - level,
             self.config.margin,
             self.config.min_tasks,
             self.config.bootstrap_samples,
@@ -326,7 +332,7 @@ class Learner:
             naive,
             self.evaluations_["new_cells"] - before,
             (new if test.accepted else tree).fingerprint(),
-            {"configurations_after": moved},
+            {"configurations_after": moved, "level": level, "error_control": self.config.error_control},
         )
         return d, (new if test.accepted else None)
 
@@ -391,6 +397,12 @@ class Learner:
         if loaded is None and self.out_dir is not None and (self.out_dir / "proposals.jsonl").exists():
             (self.out_dir / "proposals.jsonl").unlink()
         start = loaded[0] if loaded else tree
+        if self.config.error_control == "run" and self.config.selection_fraction == 0:
+            logger.warning(
+                "error_control 'run' with selection_fraction 0: the proposer ranks candidates on the "
+                "acceptance tasks, so the run-level bound does not hold (see the null benchmark, "
+                "bench/results/null_false_accept_cpu.md)"
+            )
         self._prepare(start)
         if not self.tasks:
             raise ValueError("no training task could be profiled; see learner.dropped_")

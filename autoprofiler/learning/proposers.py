@@ -1,7 +1,8 @@
 """Proposals for editing one leaf of the incumbent tree: what a proposer sees and what it answers.
 
-A proposer gets a ``LeafContext`` (the leaf, the proposal tasks routed to it, their routing metrics and
-the rewards observed so far) and returns ``Candidate`` edits for one phase:
+A proposer gets a ``LeafContext`` (the leaf, the selection tasks routed to it, their routing metrics and
+their rewards observed so far; by construction nothing of the acceptance tasks) and returns
+``Candidate`` edits for one phase:
 
 - **REWRITE**: groups to add to the leaf;
 - **SPLIT**: a (feature, threshold) pair and the groups each new leaf shows.
@@ -22,8 +23,9 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from autoprofiler import rewards
@@ -109,30 +111,85 @@ class Candidate:
         return cls(**d)
 
 
-@dataclass
+@dataclass(frozen=True)
 class LeafContext:
-    """What a proposer sees about one leaf.
+    """What a proposer sees about one leaf: data of the selection tasks routed to it, and nothing else.
 
     Attributes:
         tree: the incumbent. leaf / groups: the leaf and what it shows.
-        tasks: training tasks routed to the leaf. metrics: task hash -> routing metrics (all groups).
-        rewards: (task hash, configuration name) -> mean reward, for every cell observed so far.
+        tasks: the selection (proposal) tasks routed to the leaf: never an acceptance task while
+            ``selection_fraction > 0`` (the learner builds contexts from ``Learner.proposal_tasks_``).
+        metrics: task hash -> routing metrics (all groups), for ``tasks`` only.
+        rewards: (task hash, configuration name) -> mean reward of every cell observed so far, for
+            ``tasks`` only.
         configurations: name -> groups of the probe configurations (observed on every training task).
         features: features a split may route on (in the tree vocabulary or the catalog, finite for every
             task of the leaf).
         groups_allowed: group names REWRITE/SPLIT may use.
+
+    The separation is structural, not a convention: ``metrics`` and ``rewards`` are read-only copies
+    and construction refuses an entry of a task outside ``tasks`` (``ValueError``), so a context cannot
+    carry an acceptance task's reward, nor a handle on the learner's memo to read or write one through.
+    ``LeafContext.of`` builds one by keeping only the tasks' entries (and a copy of the config).
     """
 
     tree: ProfilingTree
     leaf: str
     groups: tuple[str, ...]
-    tasks: list[Task]
-    metrics: dict[str, dict[str, float]]
-    rewards: dict[tuple[str, str], float]
-    configurations: dict[str, tuple[str, ...]]
-    features: list[str]
-    groups_allowed: list[str]
+    tasks: tuple[Task, ...]
+    metrics: Mapping[str, Mapping[str, float]]
+    rewards: Mapping[tuple[str, str], float]
+    configurations: Mapping[str, tuple[str, ...]]
+    features: tuple[str, ...]
+    groups_allowed: tuple[str, ...]
     config: LearnConfig
+
+    def __post_init__(self):
+        hashes = {t.hash for t in self.tasks}
+        outside = sorted((set(self.metrics) | {h for h, _ in self.rewards}) - hashes)
+        if outside:
+            raise ValueError(
+                f"LeafContext: metrics or rewards of {len(outside)} task(s) outside its tasks "
+                f"(first: {outside[0]}); a proposer sees only the selection tasks of its leaf"
+            )
+        freeze = object.__setattr__  # frozen dataclass: store read-only copies once, at construction
+        freeze(self, "tasks", tuple(self.tasks))
+        metrics = {h: MappingProxyType(dict(m)) for h, m in self.metrics.items()}
+        freeze(self, "metrics", MappingProxyType(metrics))
+        freeze(self, "rewards", MappingProxyType(dict(self.rewards)))
+        configurations = {k: tuple(v) for k, v in self.configurations.items()}
+        freeze(self, "configurations", MappingProxyType(configurations))
+        freeze(self, "features", tuple(self.features))
+        freeze(self, "groups_allowed", tuple(self.groups_allowed))
+
+    @classmethod
+    def of(
+        cls,
+        tree: ProfilingTree,
+        leaf: str,
+        tasks: Iterable[Task],
+        metrics: Mapping[str, Mapping[str, float]],
+        rewards: Mapping[tuple[str, str], float],
+        configurations: Mapping[str, Iterable[str]],
+        features: Iterable[str],
+        groups_allowed: Iterable[str],
+        config: LearnConfig,
+    ) -> LeafContext:
+        """The context of ``leaf`` holding only ``tasks``' entries of ``metrics`` and ``rewards``."""
+        tasks = tuple(tasks)
+        hashes = {t.hash for t in tasks}
+        return cls(
+            tree,
+            leaf,
+            tree.leaf(leaf).groups,
+            tasks,
+            {h: metrics[h] for h in hashes},
+            {key: r for key, r in rewards.items() if key[0] in hashes},
+            {k: tuple(v) for k, v in configurations.items()},
+            tuple(features),
+            tuple(groups_allowed),
+            dataclasses.replace(config),  # a copy: a proposer cannot change the acceptance test's settings
+        )
 
     @property
     def incumbent(self) -> str:
