@@ -505,7 +505,8 @@ def test_make_rewriter_by_name(monkeypatch):
     assert make_rewriter("rule").identity == "rule-v2"
     monkeypatch.setenv("AUTOPROFILER_LLM_MODEL", "m")
     assert make_rewriter("openai", base_url="http://127.0.0.1:9/v1").identity.startswith("openai:m:cuda:")
-    with pytest.raises(ValueError, match=r"rewriter must be one of \['openai', 'rule'\]"):
+    known = r"\['experience', 'openai', 'playbook', 'rule'\]"
+    with pytest.raises(ValueError, match=rf"rewriter must be one of {known}"):
         make_rewriter("claude")
 
 

@@ -1,7 +1,8 @@
 """RuleRewriter: profile-guided, torch-level rewrites decided by documented rules. No LLM, no GPU needed.
 
-Every candidate is built the same way (``source_for``): the task source is copied with ``class Model``
-renamed to ``_Original`` (every ``Model`` name token, so ``super(Model, self)`` follows), then
+Every candidate is built the same way (``source_for``; the builders live in ``actions.py``, shared with
+the playbook rewriter): the task source is copied with ``class Model`` renamed to ``_Original`` (every
+``Model`` name token, so ``super(Model, self)`` follows), then
 
     class ModelNew(nn.Module):
         def __init__(self, *args, **kwargs):
@@ -82,260 +83,81 @@ Example::
 
 from __future__ import annotations
 
-import io
 import logging
-import re
-import tokenize
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from autoprofiler.rewriters.actions import ACTIONS as CATALOG
+from autoprofiler.rewriters.actions import (
+    ACTIONS_VERSION,
+    ORIGINAL_NAME,
+    RULE_ACTIONS,
+    Action,
+    FixedAction,
+    build_source,
+    rename_model,
+)
 from autoprofiler.rewriters.base import Rewrite
+from autoprofiler.rewriters.evidence import (
+    CONV_KERNELS,
+    CONV_OPS,
+    DRAM,
+    DRAM_READ,
+    DURATION,
+    FMA_PIPE,
+    GEMM_KERNELS,
+    INTENSITY,
+    KERNELS,
+    LAUNCH_SHARE,
+    LAYOUT_KERNELS,
+    LOAD_BYTES_PER_SECTOR,
+    SM,
+    TENSOR_SHARE,
+    TORCH_DURATION,
+    WAVES,
+    kernel_time_share,
+    number,
+)
 
 logger = logging.getLogger(__name__)
 
+__all__ = [  # the candidate builders and metric names live in actions.py / evidence.py; re-exported here
+    "ACTIONS",
+    "ACTIONS_VERSION",
+    "CONV_KERNELS",
+    "DRAM",
+    "DRAM_READ",
+    "DURATION",
+    "FMA_PIPE",
+    "GEMM_KERNELS",
+    "INTENSITY",
+    "KERNELS",
+    "LAUNCH_SHARE",
+    "LAYOUT_KERNELS",
+    "LOAD_BYTES_PER_SECTOR",
+    "ORIGINAL_NAME",
+    "RULES",
+    "RULE_VERSION",
+    "SM",
+    "TENSOR_SHARE",
+    "WAVES",
+    "FixedAction",
+    "Rule",
+    "RuleRewriter",
+    "build_source",
+    "kernel_time_share",
+    "rename_model",
+]
+
 RULE_VERSION = "rule-v2"  # the decision rules: configuration rows are keyed by it
-ACTIONS_VERSION = "rule-v1"  # the candidate builders: action rows are keyed by it (see RuleRewriter)
-ORIGINAL_NAME = "_Original"
-
-
-# ------------------------------------------------------------------------------------------------
-# Candidate sources
-# ------------------------------------------------------------------------------------------------
-_HEADER = """
-
-# ---- autoprofiler RuleRewriter ({version}): action {action!r} ----
-import torch
-import torch.nn as nn
-"""
-
-_KEEP = '''
-
-class ModelNew(nn.Module):
-    """The original computation, unchanged (action keep)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__()
-        self.inner = _Original(*args, **kwargs)
-
-    def forward(self, *args):
-        return self.inner(*args)
-'''
-
-_TORCH_COMPILE = '''
-
-class ModelNew(nn.Module):
-    """The original module under torch.compile(mode={mode!r}, dynamic=False) (action torch_compile)."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__()
-        self.inner = _Original(*args, **kwargs)
-        self.inner.compile(mode={mode!r}, dynamic=False)
-
-    def forward(self, *args):
-        return self.inner(*args)
-'''
-
-_CUDA_GRAPH = '''
-
-def _ap_clone_outputs(value):
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_ap_clone_outputs(item) for item in value)
-    if isinstance(value, dict):
-        return {{key: _ap_clone_outputs(item) for key, item in value.items()}}
-    return value
-
-
-def _ap_signature(args):
-    return tuple(
-        (tuple(a.shape), a.dtype, a.device, a.stride()) if isinstance(a, torch.Tensor) else ("value", repr(a))
-        for a in args
-    )
-
-
-class ModelNew(nn.Module):
-    """The original forward captured into a CUDA graph with static input buffers (action cuda_graph).
-
-    Each call copies the inputs into the static buffers, replays the graph and returns clones of the
-    static outputs (a fresh tensor per call). New shapes, dtypes or strides trigger a new capture.
-    Inputs not on CUDA run the plain forward.
-    """
-
-    def __init__(self, *args, **kwargs):
-        super().__init__()
-        self.inner = _Original(*args, **kwargs)
-        self._graph = None
-        self._graph_key = None
-        self._static_inputs = None
-        self._static_output = None
-
-    def _capture(self, args, key):
-        self._graph = None
-        static = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range({warmup}):  # warm up outside the capture (cuBLAS/cuDNN workspaces, autotuning)
-                self.inner(*static)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            output = self.inner(*static)
-        self._graph, self._graph_key = graph, key
-        self._static_inputs, self._static_output = static, output
-
-    def forward(self, *args):
-        if not any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
-            return self.inner(*args)
-        with torch.no_grad():
-            key = _ap_signature(args)
-            if self._graph is None or key != self._graph_key:
-                self._capture(args, key)
-            for static, a in zip(self._static_inputs, args):
-                if isinstance(a, torch.Tensor):
-                    static.copy_(a)
-            self._graph.replay()
-            return _ap_clone_outputs(self._static_output)
-'''
-
-_TF32 = '''
-
-class ModelNew(nn.Module):
-    """The original forward with TF32 allowed for fp32 matmul and convolution (action tf32).
-
-    The flags are set for the duration of the call only and restored afterwards.
-    """
-
-    def __init__(self, *args, **kwargs):
-        super().__init__()
-        self.inner = _Original(*args, **kwargs)
-
-    def forward(self, *args):
-        previous = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-        try:
-            return self.inner(*args)
-        finally:
-            torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = previous
-'''
-
-_CHANNELS_LAST = '''
-
-def _ap_channels_last(t):
-    if isinstance(t, torch.Tensor) and t.dim() == 4:
-        return t.contiguous(memory_format=torch.channels_last)
-    if isinstance(t, torch.Tensor) and t.dim() == 5:
-        return t.contiguous(memory_format=torch.channels_last_3d)
-    return t
-
-
-class ModelNew(nn.Module):
-    """Channels-last parameters and inputs, cudnn.benchmark on (action channels_last).
-
-    cudnn.benchmark is set for the duration of the call only and restored afterwards.
-    """
-
-    def __init__(self, *args, **kwargs):
-        super().__init__()
-        self.inner = _Original(*args, **kwargs)
-        with torch.no_grad():
-            for tensor in list(self.inner.parameters()) + list(self.inner.buffers()):
-                tensor.data = _ap_channels_last(tensor.data)
-
-    def forward(self, *args):
-        previous = torch.backends.cudnn.benchmark
-        torch.backends.cudnn.benchmark = True
-        try:
-            return self.inner(*[_ap_channels_last(a) for a in args])
-        finally:
-            torch.backends.cudnn.benchmark = previous
-'''
-
-
-@dataclass(frozen=True)
-class Action:
-    name: str
-    description: str
-    template: str
-
-
-ACTIONS: dict[str, Action] = {
-    a.name: a
-    for a in (
-        Action("keep", "ModelNew is a copy of the original", _KEEP),
-        Action("torch_compile", "torch.compile of the original module", _TORCH_COMPILE),
-        Action("cuda_graph", "CUDA-graph capture of the forward with static input buffers", _CUDA_GRAPH),
-        Action("tf32", "TF32 for fp32 matmul/conv during forward", _TF32),
-        Action(
-            "channels_last",
-            "channels-last parameters and inputs, cudnn.benchmark during forward",
-            _CHANNELS_LAST,
-        ),
-    )
-}
-
-
-def rename_model(source: str, new_name: str = ORIGINAL_NAME) -> str:
-    """``source`` with every ``Model`` name token renamed to ``new_name`` (strings and comments untouched).
-
-    Raises ``ValueError`` when the source defines no ``class Model`` or already uses ``new_name`` or
-    ``ModelNew``.
-
-    >>> rename_model("class Model(nn.Module):\\n    def f(self):\\n        return super(Model, self)\\n")
-    'class _Original(nn.Module):\\n    def f(self):\\n        return super(_Original, self)\\n'
-    """
-    if not re.search(r"^class\s+Model\b", source, re.MULTILINE):
-        raise ValueError("expected a task source defining 'class Model' at module level; found none")
-    lines = source.splitlines(keepends=True)
-    spots: list[tuple[int, int]] = []
-    try:
-        for token in tokenize.generate_tokens(io.StringIO(source).readline):
-            if token.type == tokenize.NAME and token.string in (new_name, "ModelNew"):
-                raise ValueError(f"the task source already uses the name {token.string!r}; cannot rewrite it")
-            if token.type == tokenize.NAME and token.string == "Model":
-                spots.append(token.start)
-    except (tokenize.TokenError, IndentationError, SyntaxError) as exc:
-        raise ValueError(
-            f"expected a tokenizable Python task source; got {type(exc).__name__}: {exc}"
-        ) from exc
-    for row, col in reversed(spots):
-        line = lines[row - 1]
-        lines[row - 1] = line[:col] + new_name + line[col + len("Model") :]
-    return "".join(lines)
-
-
-def build_source(task_source: str, action: str, compile_mode: str = "default", graph_warmup: int = 3) -> str:
-    """The candidate source for ``action`` applied to ``task_source`` (see the module docstring)."""
-    if action not in ACTIONS:
-        raise ValueError(f"action must be one of {sorted(ACTIONS)}, got {action!r}")
-    body = ACTIONS[action].template.format(mode=compile_mode, warmup=int(graph_warmup))
-    header = _HEADER.format(version=ACTIONS_VERSION, action=action)
-    return rename_model(task_source).rstrip("\n") + "\n" + header + body
+# The candidate builders (``actions.py``): action rows are keyed by ACTIONS_VERSION (see RuleRewriter).
+ACTIONS: dict[str, Action] = {name: CATALOG[name] for name in RULE_ACTIONS}
 
 
 # ------------------------------------------------------------------------------------------------
 # Decision rules
 # ------------------------------------------------------------------------------------------------
-# ncu metric names verbatim (autoprofiler/profiling/groups.py); torch features are the torch__* names.
-SM = "sm__throughput.avg.pct_of_peak_sustained_elapsed"
-DRAM = "dram__throughput.avg.pct_of_peak_sustained_elapsed"
-DURATION = "gpu__time_duration.sum"  # ns, per kernel and summed over the task's kernels
-KERNELS = "derived__kernel_count"
-LAUNCH_SHARE = "derived__launch_overhead_share"
-TENSOR_SHARE = "derived__tensor_core_time_share"
-FMA_PIPE = "sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active"
-WAVES = "launch__waves_per_multiprocessor"
-INTENSITY = "derived__arithmetic_intensity"
-DRAM_READ = "dram__bytes_read.sum"  # in the memory and the flops group
-LOAD_BYTES_PER_SECTOR = "smsp__sass_average_data_bytes_per_sector_mem_global_op_ld.ratio"  # memory group
-# Kernels cuDNN launches to convert NCHW tensors for its NHWC (tensor-core) convolutions.
-LAYOUT_KERNELS = r"nchwToNhwc|nhwcToNchw|nchw_to_nhwc|nhwc_to_nchw"
-CONV_KERNELS = r"conv|fprop|dgrad|implicit_gemm|implicit_convolve|winograd"
-GEMM_KERNELS = CONV_KERNELS + r"|gemm|gemv|gmma|nvjet|cutlass|xmma|cublas"  # cuBLAS/cuDNN/CUTLASS
-TORCH_DURATION = "torch__self_time_us"  # per-operator row duration of the torch source
-CONV_OPS = r"conv"  # torch.profiler operator rows: aten::convolution, aten::mkldnn_convolution, ...
+# ncu metric names verbatim and kernel-name families: autoprofiler/rewriters/evidence.py.
 
 
 @dataclass(frozen=True)
@@ -358,31 +180,6 @@ class Rule:
     needs: tuple[str, ...]
     test: Callable[[dict, list, RuleRewriter], bool]
     why: str
-
-
-def kernel_time_share(kernels: list[dict], pattern: str, duration_key: str = DURATION) -> float:
-    """Fraction of the summed ``duration_key`` in kernel rows whose ``name`` matches ``pattern`` (any case).
-
-    >>> kernel_time_share([{"name": "nchwToNhwcKernel", DURATION: 1.0}, {"name": "gemm", DURATION: 3.0}],
-    ...                   LAYOUT_KERNELS)
-    0.25
-    """
-    regex = re.compile(pattern, re.IGNORECASE)
-    total = matched = 0.0
-    for row in kernels or ():
-        value = _number(row.get(duration_key))
-        if value is None:
-            continue
-        total += value
-        if regex.search(str(row.get("name", ""))):
-            matched += value
-    return matched / total if total > 0 else 0.0
-
-
-def _number(value) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        return None
-    return float(value)
 
 
 def _tf32_allowed(rewriter: RuleRewriter) -> bool:
@@ -631,7 +428,9 @@ class RuleRewriter:
         return list(ACTIONS)
 
     def source_for(self, task, action: str) -> str:
-        """The candidate source for ``action`` on ``task`` (any action, whatever the rules say)."""
+        """The candidate source for ``action`` on ``task`` (any of its actions, whatever the rules say)."""
+        if action not in ACTIONS:
+            raise ValueError(f"action must be one of {sorted(ACTIONS)}, got {action!r}")
         return build_source(task.source, action, compile_mode=self.compile_mode)
 
     def for_action(self, action: str) -> FixedAction:
@@ -650,7 +449,7 @@ class RuleRewriter:
         """
         if profile is None:
             return self.default_action, f"no profile: default action {self.default_action}"
-        metrics = {name: float(v) for name, v in (profile.metrics or {}).items() if _number(v) is not None}
+        metrics = {name: float(v) for name, v in (profile.metrics or {}).items() if number(v) is not None}
         kernels = list(getattr(profile, "kernels", None) or [])
         source = getattr(profile, "source", "ncu")
         for rule in self.rules:
@@ -678,24 +477,3 @@ class RuleRewriter:
         except ValueError as exc:
             return Rewrite(source=None, raw=raw, error=str(exc), action=action)
         return Rewrite(source=source, raw=raw, action=action)
-
-
-class FixedAction:
-    """One action of a ``RuleRewriter``, applied whatever the profile: the rewriter of action cells.
-
-    ``identity`` is the rule rewriter's ``actions_identity`` (the candidate builders' version), so the
-    evaluation of an action is shared by every rule version that picks it.
-    """
-
-    def __init__(self, rule: RuleRewriter, action: str):
-        self.rule = rule
-        self.action = action
-        self.identity = rule.actions_identity
-
-    def rewrite(self, task, profile=None) -> Rewrite:
-        raw = f"action {self.action}: {ACTIONS[self.action].description}"
-        try:
-            source = self.rule.source_for(task, self.action)
-        except ValueError as exc:
-            return Rewrite(source=None, raw=raw, error=str(exc), action=self.action)
-        return Rewrite(source=source, raw=raw, action=self.action)

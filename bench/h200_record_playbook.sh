@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# Next H200 session (prepared 2026-12-03, not yet run): H200 outcomes of the eight new playbook actions
+# (issue 12) on all 45 suite tasks, added to datasets/h200_suite as action rows keyed rule-v1/<action>,
+# with the evaluation settings of the recorded rule actions (50 timing, 3 correctness trials, 5 warm-up).
+# From the repo root:
+#   OUT=/tmp/out bash bench/h200_record_playbook.sh all       # the stages below in order, ~8 min in all
+#   OUT=/tmp/out bash bench/h200_record_playbook.sh cheap     # sdpa, cudnn_benchmark, autocast_fp16/bf16
+#   OUT=/tmp/out bash bench/h200_record_playbook.sh compile   # compile_cudagraphs, channels_last_compile
+#   OUT=/tmp/out bash bench/h200_record_playbook.sh autotune  # compile_max_autotune, compile_coordinate_descent
+#   OUT=/tmp/out bash bench/h200_record_playbook.sh loose     # tf32 + autocast at atol=rtol=1e-2 (own folder)
+# Every stage is resumable (rows are keyed; --max-seconds stops starting new work): run the same command
+# again until each stage prints "complete: True" (the autotune stage will need more than one call: inductor
+# autotunes GEMM templates for tens of seconds per task, and it runs 3 at a time so that its GPU
+# benchmarking disturbs the other candidates' timing less). The cheap and compile stages run 6 at a time,
+# as the rule actions were recorded. Then here: unpack $OUT/rec.tgz over the repo root and run
+#   python bench/rewriter_reachability.py datasets/h200_suite --out bench/results/rewriter_reachability
+# (add the call to datasets/h200_suite/HISTORY.md). The loose stage's rows are not replayable (no profiles;
+# the reward key has no tolerance, so they must not enter datasets/h200_suite): $OUT/r.tgz holds them.
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-}
+OUT=${OUT:-/tmp/out}; mkdir -p $OUT/r
+BUDGET=${RECORD_SECONDS:-420}   # seconds of new work per call (all stages together for "all")
+START=$(date +%s)
+COMMON="--timing-trials 50 --correctness-trials 3 --warmup 5 --device cuda --task-size full --source ncu"
+nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv > $OUT/r/env_playbook.txt 2>&1
+
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+
+stage() {  # stage NAME ACTIONS JOBS EVAL_TIMEOUT [extra args]
+  local name=$1 actions=$2 jobs=$3 eval_timeout=$4; shift 4
+  local budget; budget=$(left)
+  if [ "$budget" -lt 60 ]; then echo "stage $name: no time left in this call; run again"; return; fi
+  echo "stage $name: $actions, $jobs at a time, up to ${budget}s of new work"
+  timeout -k 10 $((budget + 100)) python3 bench/h200_record_playbook.py --actions "$actions" --jobs "$jobs" \
+    --eval-timeout "$eval_timeout" --max-seconds "$budget" $COMMON "$@" > $OUT/r/record_playbook_$name.log 2>&1
+  echo "stage $name rc=$?"
+  grep -v "INFO autoprofiler" $OUT/r/record_playbook_$name.log | tail -4
+}
+
+case ${1:-all} in
+cheap) stage cheap sdpa,cudnn_benchmark,autocast_fp16,autocast_bf16 6 120 ;;
+compile) stage compile compile_cudagraphs,channels_last_compile 6 180 ;;
+autotune) stage autotune compile_max_autotune,compile_coordinate_descent 3 300 ;;
+loose) stage loose tf32,autocast_fp16,autocast_bf16 6 120 --atol 1e-2 --rtol 1e-2 \
+    --recording $OUT/r/loose_tol1e-2 ;;
+all)
+  stage cheap sdpa,cudnn_benchmark,autocast_fp16,autocast_bf16 6 120
+  stage compile compile_cudagraphs,channels_last_compile 6 180
+  stage autotune compile_max_autotune,compile_coordinate_descent 3 300 ;;
+*) echo "usage: bash bench/h200_record_playbook.sh all|cheap|compile|autotune|loose" >&2; exit 2 ;;
+esac
+tar czf $OUT/rec.tgz --exclude=.timing.lock datasets/h200_suite
+tar czf $OUT/r.tgz -C $OUT r
