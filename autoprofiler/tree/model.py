@@ -1,31 +1,6 @@
-"""Profiling trees: a deterministic policy that decides, from measured metrics, what to profile.
+"""The profiling tree as plain data: nodes, routing (one node's groups at a time), edits, JSON.
 
-A tree routes a task on measured metric values (internal nodes: ``feature <= threshold`` goes left,
-``>`` goes right) to a leaf naming the metric groups to collect and show to the rewriter. Routing is
-sequential, as in the paper: collect what the root needs, route, collect what the next node needs, ...,
-collect the leaf's groups, stop. The JSON form is documented in ``trees/README.md``.
-
-Example::
-
-    >>> tree = load_tree({
-    ...     "schema_version": 1, "source": "ncu",
-    ...     "vocabulary": {"root": {"features": ["sm__throughput.avg.pct_of_peak_sustained_elapsed"],
-    ...                             "passes": 9},
-    ...                    "memory": {"features": ["lts__t_sector_hit_rate.pct"], "passes": 9}},
-    ...     "budget": {"max_depth": 2, "max_groups_per_leaf": 2, "max_passes_per_task": 40},
-    ...     "nodes": [
-    ...         {"id": "n0", "type": "split", "groups": ["root"], "threshold": 60,
-    ...          "feature": "sm__throughput.avg.pct_of_peak_sustained_elapsed",
-    ...          "children": {"left": "low", "right": "high"}},
-    ...         {"id": "low", "type": "leaf", "groups": ["memory"]},
-    ...         {"id": "high", "type": "leaf", "groups": []}]})
-    >>> tree.apply({"sm__throughput.avg.pct_of_peak_sustained_elapsed": 12.5})
-    'low'
-    >>> print(export_text(tree), end="")
-    |--- sm__throughput.avg.pct_of_peak_sustained_elapsed <= 60.00
-    |   |--- leaf low: memory
-    |--- sm__throughput.avg.pct_of_peak_sustained_elapsed >  60.00
-    |   |--- leaf high: (none)
+See ``autoprofiler.tree`` for the overview and an example; validation lives in ``validation.py``.
 """
 
 from __future__ import annotations
@@ -39,37 +14,43 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol, runtime_checkable
 
-__all__ = [
-    "SCHEMA_VERSION",
-    "SOURCES",
-    "Budget",
-    "GroupSpec",
-    "Leaf",
-    "ProfilingTree",
-    "Route",
-    "RouteError",
-    "Split",
-    "Step",
-    "TreeError",
-    "export_mermaid",
-    "export_text",
-    "load_tree",
-    "save_tree",
-    "tree_problems",
-    "vocabulary_from_catalog",
-]
+from autoprofiler.tree.validation import BUDGET_KEYS, SCHEMA_VERSION, Catalog, CatalogGroup, tree_problems
 
-log = logging.getLogger(__name__)
+if TYPE_CHECKING:
+    from autoprofiler.tasks import Task
 
-SCHEMA_VERSION = 1
-SOURCES = ("ncu", "torch")
-NODE_TYPES = ("split", "leaf")
-BUDGET_KEYS = ("max_depth", "max_groups_per_leaf", "max_passes_per_task")
-_TOP_KEYS = {"schema_version", "source", "vocabulary", "budget", "provenance", "nodes"}
-_SPLIT_KEYS = {"id", "type", "feature", "threshold", "groups", "children"}
-_LEAF_KEYS = {"id", "type", "groups", "label"}
+log = logging.getLogger("autoprofiler.tree")
+
+
+class Collected(Protocol):
+    """What routing reads of one collection: metric values, its cost, and a merge with the next one
+    (``autoprofiler.profiling.Profile`` is one)."""
+
+    metrics: Mapping[str, float]
+    passes: int
+    seconds: float
+
+    def merge(self, other: Collected) -> Collected: ...
+
+
+class TreeProfiler(Protocol):
+    """What routing needs of a profiler: the groups' profile of one task (``Profiler``,
+    ``RecordedProfiler``)."""
+
+    def collect(self, task: Task, groups: list[str]) -> Collected: ...
+
+
+@runtime_checkable
+class BatchProfiler(TreeProfiler, Protocol):
+    """A profiler that also collects many tasks in one call (one ncu process for the batch)."""
+
+    def collect_many(self, tasks: list[Task], groups: list[str]) -> list[Collected]: ...
+
+
+def _spec_from_catalog(group: CatalogGroup) -> GroupSpec:
+    return GroupSpec(tuple(group.metrics), group.passes)
 
 
 class TreeError(ValueError):
@@ -175,7 +156,7 @@ class Route:
     path: tuple[Step, ...]
     groups: tuple[str, ...]
     leaf_groups: tuple[str, ...]
-    profile: Any
+    profile: Collected | None
     passes: int
     seconds: float
 
@@ -274,7 +255,7 @@ class ProfilingTree:
         return hashlib.sha256(key.encode()).hexdigest()[:12]
 
     # --- routing -------------------------------------------------------------------------------------
-    def decision_path(self, metrics: Any) -> tuple[str, tuple[Step, ...]]:
+    def decision_path(self, metrics: Mapping[str, float] | Collected) -> tuple[str, tuple[Step, ...]]:
         """Route on already-collected metrics (a ``Profile`` or a mapping of metric name -> value).
 
         Returns:
@@ -282,7 +263,7 @@ class ProfilingTree:
         Raises:
             RouteError: a node's feature is missing from ``metrics`` or is NaN.
         """
-        values = getattr(metrics, "metrics", metrics)
+        values = metrics if isinstance(metrics, Mapping) else metrics.metrics
         node, path = self.root, []
         while isinstance(node, Split):
             value = _feature_value(node, values)
@@ -291,11 +272,11 @@ class ProfilingTree:
             node = self._index[node.left if went == "left" else node.right]
         return node.id, tuple(path)
 
-    def apply(self, metrics: Any) -> str:
+    def apply(self, metrics: Mapping[str, float] | Collected) -> str:
         """The leaf id ``metrics`` (a ``Profile`` or a mapping) routes to; see :meth:`decision_path`."""
         return self.decision_path(metrics)[0]
 
-    def route(self, task: Any, profiler: Any) -> Route:
+    def route(self, task: Task, profiler: TreeProfiler) -> Route:
         """Route ``task`` by collecting, one node at a time, only what the next decision needs.
 
         ``profiler.collect(task, groups)`` is called with the groups a node needs that were not
@@ -319,7 +300,7 @@ class ProfilingTree:
             if done is not None:
                 return done
 
-    def route_many(self, tasks: Iterable[Any], profiler: Any) -> list[Route | Exception]:
+    def route_many(self, tasks: Iterable[Task], profiler: TreeProfiler) -> list[Route | Exception]:
         """Route many tasks, batching collection: each task collects exactly what :meth:`route` would.
 
         The walks advance together, one level at a time; tasks that need the same missing groups at
@@ -367,7 +348,7 @@ class ProfilingTree:
 
     # --- edits (each returns a new, validated tree) ---------------------------------------------------
     def rewrite_leaf(
-        self, leaf_id: str, add_groups: Iterable[str], catalog: Mapping | None = None
+        self, leaf_id: str, add_groups: Iterable[str], catalog: Catalog | None = None
     ) -> ProfilingTree:
         """REWRITE: a new tree whose leaf ``leaf_id`` also collects ``add_groups``.
 
@@ -391,7 +372,7 @@ class ProfilingTree:
         left_groups: Iterable[str] | None = None,
         right_groups: Iterable[str] | None = None,
         groups: Iterable[str] | None = None,
-        catalog: Mapping | None = None,
+        catalog: Catalog | None = None,
         left_id: str | None = None,
         right_id: str | None = None,
     ) -> ProfilingTree:
@@ -428,11 +409,11 @@ class ProfilingTree:
         ]
         return self._replace_nodes({leaf_id: new}, left_groups + right_groups + groups, catalog)
 
-    def _group_for_feature(self, leaf_id: str, feature: str, catalog: Mapping | None) -> str:
+    def _group_for_feature(self, leaf_id: str, feature: str, catalog: Catalog | None) -> str:
         vocab = dict(self.vocabulary)
         if catalog is not None:
             for name, group in catalog.items():
-                if name not in vocab and _catalog_source(group) in (None, self.source):
+                if name not in vocab and group.source == self.source:
                     vocab[name] = _spec_from_catalog(group)
         holders = [name for name, spec in vocab.items() if feature in spec.features]
         if not holders:
@@ -474,7 +455,7 @@ class ProfilingTree:
         return json.dumps(self.to_dict(), indent=indent) + "\n"
 
     @classmethod
-    def from_dict(cls, data: Any, catalog: Mapping | None = None, origin: str = "") -> ProfilingTree:
+    def from_dict(cls, data: Any, catalog: Catalog | None = None, origin: str = "") -> ProfilingTree:
         """Validate ``data`` (the JSON form) and build the tree; see :func:`load_tree`."""
         problems = tree_problems(data, catalog)
         if problems:
@@ -483,7 +464,7 @@ class ProfilingTree:
         for name, spec in data["vocabulary"].items():
             passes = spec.get("passes")
             if passes is None and catalog is not None:  # the catalog's measured cost fills a gap
-                passes = getattr(catalog[name], "passes", None)
+                passes = catalog[name].passes
             vocabulary[name] = GroupSpec(tuple(spec["features"]), passes)
         budget = Budget(**{k: data["budget"].get(k) for k in BUDGET_KEYS})
         nodes = tuple(_node_from_dict(n) for n in data["nodes"])
@@ -502,10 +483,10 @@ class _Walk:
     """One task's routing in progress: where it is, what it collected and spent (route, route_many)."""
 
     tree: ProfilingTree
-    task: Any
+    task: Task
     node: Node
     collected: list[str] = field(default_factory=list)
-    profile: Any = None
+    profile: Collected | None = None
     passes: int = 0
     seconds: float = 0.0
     path: list[Step] = field(default_factory=list)
@@ -514,7 +495,7 @@ class _Walk:
         """The current node's groups not collected yet."""
         return tuple(g for g in self.node.groups if g not in self.collected)
 
-    def take(self, got: Any, groups: Iterable[str]) -> None:
+    def take(self, got: Collected, groups: Iterable[str]) -> None:
         """Account for one collection (its cost and profile) of ``groups``."""
         self.passes += int(got.passes or 0)
         self.seconds += float(got.seconds or 0.0)
@@ -525,26 +506,24 @@ class _Walk:
         """Decide at the current node (its groups collected): the Route at a leaf, else move down."""
         node = self.node
         if isinstance(node, Leaf):
-            log.debug("routed %s to %s", getattr(self.task, "id", self.task), node.id)
+            log.debug("routed %s to %s", self.task.id, node.id)
             return Route(node.id, tuple(self.path), tuple(self.collected), node.groups, self.profile,
                          self.passes, self.seconds)  # fmt: skip
         try:
             value = _feature_value(node, None if self.profile is None else self.profile.metrics)
         except RouteError as e:
-            task = getattr(self.task, "id", self.task)
-            raise RouteError(f"{e} (task {task!r}, groups collected: {self.collected})") from None
+            raise RouteError(f"{e} (task {self.task.id!r}, groups collected: {self.collected})") from None
         went = "left" if value <= node.threshold else "right"
         self.path.append(Step(node.id, node.feature, value, node.threshold, went))
         self.node = self.tree._index[node.left if went == "left" else node.right]
         return None
 
 
-def _collect_batch(profiler: Any, tasks: list, groups: tuple[str, ...]) -> list:
-    """One profile (or the exception) per task, by ``collect_many`` when the profiler has it."""
-    collect_many = getattr(profiler, "collect_many", None)
-    if collect_many is not None and len(tasks) > 1:
+def _collect_batch(profiler: TreeProfiler, tasks: list[Task], groups: tuple[str, ...]) -> list:
+    """One profile (or the exception) per task, by ``collect_many`` when the profiler batches."""
+    if isinstance(profiler, BatchProfiler) and len(tasks) > 1:
         try:
-            return list(collect_many(tasks, list(groups)))
+            return list(profiler.collect_many(tasks, list(groups)))
         except Exception as exc:  # one bad task fails the batch: retry one at a time to isolate it
             log.warning(
                 "batch collection of %s for %d tasks failed (%s); one task at a time", groups, len(tasks), exc
@@ -611,314 +590,9 @@ def _as_groups(groups: Iterable[str], what: str) -> tuple[str, ...]:
     return tuple(groups)
 
 
-# --- catalog helpers -------------------------------------------------------------------------------------
-def _catalog_source(group: Any) -> str | None:
-    return getattr(group, "source", None)
-
-
-def _catalog_features(group: Any) -> tuple[str, ...]:
-    return tuple(getattr(group, "metrics", ())) + tuple(getattr(group, "derived", ()) or ())
-
-
-def _spec_from_catalog(group: Any) -> GroupSpec:
-    return GroupSpec(_catalog_features(group), getattr(group, "passes", None))
-
-
-def vocabulary_from_catalog(names: Iterable[str], catalog: Mapping) -> dict[str, dict]:
-    """The JSON ``vocabulary`` block for the named catalog groups (for writing trees by hand or script).
-
-    Example: ``vocabulary_from_catalog(["root", "memory"], GROUPS)``.
-    """
-    return {
-        n: {"features": list(_catalog_features(catalog[n])), "passes": getattr(catalog[n], "passes", None)}
-        for n in names
-    }
-
-
-# --- validation -------------------------------------------------------------------------------------------
-def _is_number(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x)
-
-
-def _is_count(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
-
-
-def _type_name(x: Any) -> str:
-    return f"{x!r} ({type(x).__name__})"
-
-
-def tree_problems(data: Any, catalog: Mapping | None = None) -> list[str]:
-    """Every problem with a tree's JSON form, each naming its JSON path; ``[]`` when it is valid.
-
-    Checks: keys and types; schema version; source; vocabulary (and, with ``catalog``, that each group
-    exists there with the tree's source and holds the listed features); unique node ids; each node's
-    groups are in the vocabulary and a split's feature belongs to one of them; thresholds are finite
-    numbers; children exist, have one parent and are not the root (no cycles); every node is reachable;
-    the budget (depth, groups per leaf, passes per task on every root-to-leaf path).
-    """
-    p: list[str] = []
-    if not isinstance(data, Mapping):
-        return [f"(top): expected a JSON object, got {type(data).__name__}"]
-    for key in sorted(set(data) - _TOP_KEYS):
-        p.append(f"{key}: unknown key (expected: {', '.join(sorted(_TOP_KEYS))})")
-    for key in sorted(_TOP_KEYS - {"provenance"} - set(data)):
-        p.append(f"{key}: missing")
-    if "schema_version" in data and data["schema_version"] != SCHEMA_VERSION:
-        p.append(f"schema_version: expected {SCHEMA_VERSION}, got {data['schema_version']!r}")
-    source = data.get("source")
-    if "source" in data and source not in SOURCES:
-        p.append(f"source: expected one of {list(SOURCES)}, got {source!r}")
-    if "provenance" in data and not isinstance(data["provenance"], Mapping):
-        p.append(f"provenance: expected an object, got {type(data['provenance']).__name__}")
-
-    passes = _check_vocabulary(data.get("vocabulary", {}), source, catalog, p)
-    budget = _check_budget(data.get("budget", {}), p)
-    nodes = data.get("nodes", [])
-    if not isinstance(nodes, list) or not nodes:
-        if "nodes" in data:
-            p.append(f"nodes: expected a non-empty list of nodes, got {_type_name(nodes)}")
-        return p
-    index = _check_nodes(nodes, data.get("vocabulary", {}), p)
-    if index is not None:
-        _check_structure(nodes, index, budget, passes, p)
-    return p
-
-
-def _check_vocabulary(
-    vocab: Any, source: Any, catalog: Mapping | None, p: list[str]
-) -> dict[str, int | None]:
-    """Problems in ``vocabulary``; returns group -> passes (catalog's when the vocabulary has none)."""
-    passes: dict[str, int | None] = {}
-    if not isinstance(vocab, Mapping):
-        p.append(
-            "vocabulary: expected an object mapping group name -> {features, passes}, "
-            f"got {_type_name(vocab)}"
-        )
-        return passes
-    for name, spec in vocab.items():
-        where = f"vocabulary.{name}"
-        if not isinstance(spec, Mapping):
-            p.append(f"{where}: expected an object with 'features' and 'passes', got {_type_name(spec)}")
-            continue
-        for key in sorted(set(spec) - {"features", "passes"}):
-            p.append(f"{where}.{key}: unknown key (expected: features, passes)")
-        features = spec.get("features")
-        if not isinstance(features, list) or not all(isinstance(f, str) and f for f in features):
-            p.append(f"{where}.features: expected a list of metric names, got {_type_name(features)}")
-            features = []
-        n = spec.get("passes")
-        if n is not None and not _is_count(n):
-            p.append(f"{where}.passes: expected a non-negative integer or null, got {_type_name(n)}")
-            n = None
-        if catalog is not None:
-            group = catalog.get(name)
-            if group is None:
-                p.append(f"{where}: group {name!r} is not in the metric catalog")
-            else:
-                if _catalog_source(group) not in (None, source):
-                    p.append(
-                        f"{where}: catalog group {name!r} has source {_catalog_source(group)!r}, "
-                        f"the tree {source!r}"
-                    )
-                known = set(_catalog_features(group))
-                for i, f in enumerate(features):
-                    if f not in known:
-                        p.append(f"{where}.features[{i}]: {f!r} is not a metric of catalog group {name!r}")
-                cat_passes = getattr(group, "passes", None)
-                if n is None:
-                    n = cat_passes
-                elif cat_passes is not None and cat_passes != n:
-                    log.warning(
-                        "%s.passes is %s, the catalog says %s; using the tree's", where, n, cat_passes
-                    )
-        passes[name] = n
-    return passes
-
-
-def _check_budget(budget: Any, p: list[str]) -> dict[str, int | None]:
-    out = dict.fromkeys(BUDGET_KEYS)
-    if not isinstance(budget, Mapping):
-        p.append(f"budget: expected an object with keys {', '.join(BUDGET_KEYS)}, got {_type_name(budget)}")
-        return out
-    for key in sorted(set(budget) - set(BUDGET_KEYS)):
-        p.append(f"budget.{key}: unknown key (expected: {', '.join(BUDGET_KEYS)})")
-    for key in BUDGET_KEYS:
-        value = budget.get(key)
-        if value is not None and not _is_count(value):
-            p.append(f"budget.{key}: expected a non-negative integer or null, got {_type_name(value)}")
-        else:
-            out[key] = value
-    return out
-
-
-def _check_nodes(nodes: list, vocab: Any, p: list[str]) -> dict[str, int] | None:
-    """Per-node problems; returns id -> index, or None when the nodes are too broken to walk."""
-    vocab = vocab if isinstance(vocab, Mapping) else {}
-    index: dict[str, int] = {}
-    walkable = True
-    for i, node in enumerate(nodes):
-        where = f"nodes[{i}]"
-        if not isinstance(node, Mapping):
-            p.append(f"{where}: expected a node object, got {_type_name(node)}")
-            walkable = False
-            continue
-        node_id = node.get("id")
-        if not isinstance(node_id, str) or not node_id:
-            p.append(f"{where}.id: expected a non-empty string, got {_type_name(node_id)}")
-            walkable = False
-        elif node_id in index:
-            p.append(f"{where}.id: duplicate id {node_id!r} (first at nodes[{index[node_id]}])")
-            walkable = False
-        else:
-            index[node_id] = i
-        kind = node.get("type")
-        if kind not in NODE_TYPES:
-            p.append(f"{where}.type: expected one of {list(NODE_TYPES)}, got {kind!r}")
-            walkable = False
-            continue
-        allowed = _SPLIT_KEYS if kind == "split" else _LEAF_KEYS
-        for key in sorted(set(node) - allowed):
-            p.append(f"{where}.{key}: unknown key for a {kind} node (expected: {', '.join(sorted(allowed))})")
-        groups = node.get("groups")
-        if not isinstance(groups, list):
-            p.append(f"{where}.groups: expected a list of group names, got {_type_name(groups)}")
-            groups = []
-        seen = set()
-        for j, g in enumerate(groups):
-            if not isinstance(g, str) or g not in vocab:
-                p.append(
-                    f"{where}.groups[{j}]: unknown group {g!r} (vocabulary: {', '.join(vocab) or 'empty'})"
-                )
-            elif g in seen:
-                p.append(f"{where}.groups[{j}]: group {g!r} listed twice")
-            seen.add(g)
-        if kind == "leaf":
-            if "label" in node and not isinstance(node["label"], str):
-                p.append(f"{where}.label: expected a string, got {_type_name(node['label'])}")
-            continue
-        _check_split(node, where, [g for g in groups if g in vocab], vocab, p)
-        children = node.get("children")
-        if not isinstance(children, Mapping) or not all(
-            isinstance(children.get(s), str) for s in ("left", "right")
-        ):
-            p.append(f"{where}.children: expected {{'left': id, 'right': id}}, got {_type_name(children)}")
-            walkable = False
-        elif set(children) - {"left", "right"}:
-            p.append(
-                f"{where}.children: unknown keys {sorted(set(children) - {'left', 'right'})} "
-                "(expected: left, right)"
-            )
-    return index if walkable else None
-
-
-def _check_split(node: Mapping, where: str, groups: list[str], vocab: Mapping, p: list[str]) -> None:
-    threshold = node.get("threshold")
-    if not _is_number(threshold):
-        p.append(f"{where}.threshold: expected a finite number, got {_type_name(threshold)}")
-    feature = node.get("feature")
-    if not isinstance(feature, str) or not feature:
-        p.append(f"{where}.feature: expected a metric name, got {_type_name(feature)}")
-        return
-
-    def features(g):
-        spec = vocab.get(g)
-        return spec.get("features") or [] if isinstance(spec, Mapping) else []
-
-    if any(feature in features(g) for g in groups):
-        return
-    holders = [g for g in vocab if feature in features(g)]
-    if holders:
-        p.append(
-            f"{where}.feature: {feature!r} is not in the groups this node declares "
-            f"({', '.join(groups) or 'none'}); "
-            f"it is in: {', '.join(holders)}"
-        )
-    else:
-        p.append(f"{where}.feature: unknown feature {feature!r} (not in any vocabulary group)")
-
-
-def _check_structure(nodes: list, index: dict[str, int], budget: dict, passes: dict, p: list[str]) -> None:
-    """Children exist, one parent each, no cycles, all reachable; then the budget on each path."""
-    root_id = nodes[0]["id"]
-    parent: dict[str, str] = {}
-    broken = False
-    for i, node in enumerate(nodes):
-        if node["type"] != "split":
-            continue
-        for side in ("left", "right"):
-            child = node["children"][side]
-            where = f"nodes[{i}].children.{side}"
-            if child not in index:
-                p.append(f"{where}: node {child!r} does not exist")
-                broken = True
-            elif child == node["id"] or child == root_id:
-                p.append(
-                    f"{where}: {child!r} points back to "
-                    f"{'itself' if child == node['id'] else 'the root'} (cycle)"
-                )
-                broken = True
-            elif child in parent:
-                p.append(
-                    f"{where}: node {child!r} already has parent {parent[child]!r} "
-                    "(a tree node has one parent)"
-                )
-                broken = True
-            else:
-                parent[child] = node["id"]
-    # Walk from the root; with one parent per node and the root parentless, a cycle shows as unreachable.
-    reached, stack = set(), [root_id]
-    while stack:
-        nid = stack.pop()
-        if nid in reached or nid not in index:
-            continue
-        reached.add(nid)
-        node = nodes[index[nid]]
-        if node["type"] == "split":
-            stack += [node["children"]["right"], node["children"]["left"]]
-    for nid, i in index.items():
-        if nid not in reached:
-            p.append(f"nodes[{i}]: node {nid!r} is unreachable from the root {root_id!r} (or on a cycle)")
-            broken = True
-    if broken:
-        return
-    _check_budget_paths(nodes, index, root_id, budget, passes, p)
-
-
-def _check_budget_paths(nodes, index, root_id, budget, passes, p) -> None:
-    def walk(nid: str, depth: int, groups: list[str], trail: list[str]):
-        i = index[nid]
-        node = nodes[i]
-        groups = groups + [g for g in node["groups"] if g not in groups]
-        trail = trail + [nid]
-        if node["type"] == "split":
-            walk(node["children"]["left"], depth + 1, groups, trail)
-            walk(node["children"]["right"], depth + 1, groups, trail)
-            return
-        where, route = f"nodes[{i}]", " > ".join(trail)
-        if budget["max_depth"] is not None and depth > budget["max_depth"]:
-            p.append(
-                f"{where}: leaf {nid!r} is at depth {depth} > budget.max_depth "
-                f"{budget['max_depth']} ({route})"
-            )
-        n_leaf = len(node["groups"])
-        if budget["max_groups_per_leaf"] is not None and n_leaf > budget["max_groups_per_leaf"]:
-            p.append(
-                f"{where}.groups: leaf {nid!r} has {n_leaf} groups > budget.max_groups_per_leaf "
-                f"{budget['max_groups_per_leaf']}"
-            )
-        cost = sum(passes.get(g) or 0 for g in groups)
-        if budget["max_passes_per_task"] is not None and cost > budget["max_passes_per_task"]:
-            p.append(
-                f"{where}: path to leaf {nid!r} costs {cost} passes > budget.max_passes_per_task "
-                f"{budget['max_passes_per_task']} ({route}; groups {', '.join(groups)})"
-            )
-
-    walk(root_id, 0, [], [])
-
 
 # --- load / save ------------------------------------------------------------------------------------------
-def load_tree(tree: str | Path | Mapping, catalog: Mapping | None = None) -> ProfilingTree:
+def load_tree(tree: str | Path | Mapping, catalog: Catalog | None = None) -> ProfilingTree:
     """Load and validate a tree from a JSON file path or an already-parsed dict.
 
     Args:
@@ -951,60 +625,3 @@ def save_tree(tree: ProfilingTree, path: str | Path) -> Path:
     path.write_text(tree.to_json())
     return path
 
-
-# --- export -----------------------------------------------------------------------------------------------
-def export_text(tree: ProfilingTree, decimals: int = 2, show_split_groups: bool = False) -> str:
-    """The tree as indented text, in the style of ``sklearn.tree.export_text``.
-
-    Each split prints two lines, ``feature <= t`` then ``feature >  t`` (two spaces, as sklearn), each
-    followed by its subtree; a leaf prints ``leaf <id>: <groups>`` (``(none)`` for no groups). With
-    ``show_split_groups`` a split's first line ends with ``  [collect: groups]``.
-
-    Example (the seed tree, abridged)::
-
-        |--- dram__throughput.avg.pct_of_peak_sustained_elapsed <= 60.00
-        |   |--- ...
-        |--- dram__throughput.avg.pct_of_peak_sustained_elapsed >  60.00
-        |   |--- leaf memory: speed_of_light, memory
-    """
-    lines: list[str] = []
-
-    def walk(node: Node, depth: int):
-        indent = "|   " * depth + "|--- "
-        if isinstance(node, Leaf):
-            lines.append(f"{indent}leaf {node.id}: {', '.join(node.groups) or '(none)'}")
-            return
-        t = f"{node.threshold:.{decimals}f}"
-        extra = f"  [collect: {', '.join(node.groups)}]" if show_split_groups else ""
-        lines.append(f"{indent}{node.feature} <= {t}{extra}")
-        walk(tree.node(node.left), depth + 1)
-        lines.append(f"{indent}{node.feature} >  {t}")
-        walk(tree.node(node.right), depth + 1)
-
-    walk(tree.root, 0)
-    return "\n".join(lines) + "\n"
-
-
-def export_mermaid(tree: ProfilingTree, decimals: int = 2) -> str:
-    """The tree as a Mermaid flowchart (renders on GitHub inside a ```` ```mermaid ```` block).
-
-    Split nodes are diamonds labelled with the feature (and the groups they collect); edges carry
-    ``≤ t`` / ``> t``; leaves are boxes with their id and groups.
-    """
-    ids = {n.id: f"N{i}" for i, n in enumerate(tree.nodes)}
-    out = ["flowchart TD"]
-    for n in tree.nodes:
-        if isinstance(n, Split):
-            out.append(f'    {ids[n.id]}{{"{_mm(n.feature)}<br/>collect: {_mm(", ".join(n.groups))}"}}')
-        else:
-            out.append(f'    {ids[n.id]}["leaf {_mm(n.id)}<br/>{_mm(", ".join(n.groups) or "(none)")}"]')
-    for n in tree.nodes:
-        if isinstance(n, Split):
-            t = f"{n.threshold:.{decimals}f}"
-            out.append(f'    {ids[n.id]} -->|"≤ {t}"| {ids[n.left]}')
-            out.append(f'    {ids[n.id]} -->|"> {t}"| {ids[n.right]}')
-    return "\n".join(out) + "\n"
-
-
-def _mm(text: str) -> str:
-    return text.replace('"', "#quot;")
