@@ -182,7 +182,7 @@ def draw_tree(tree: Any, path: Path) -> Path:
             texts[node.id] = f"leaf {node.id}\n" + ("\n".join(node.groups) or "(no groups)")
     longest = max(len(line) for t in texts.values() for line in t.splitlines())
     unit = min(max(1.8, 0.062 * longest), 4.2)  # inches per leaf: the widest label fits
-    fig, ax = plt.subplots(figsize=(unit * max(leaves[0], 1), 1.5 * (tree.depth + 1)))
+    fig, ax = plt.subplots(figsize=(unit * max(leaves[0], 1), 0.9 + 1.4 * tree.depth))
     for node in tree.nodes:
         x, y = pos[node.id]
         if isinstance(node, Split):
@@ -211,7 +211,7 @@ def draw_tree(tree: Any, path: Path) -> Path:
             bbox={"boxstyle": "round,pad=0.45", "fc": color, "ec": "#555555"},
         )
     ax.set_xlim(-0.5, max(leaves[0], 1) - 0.5)
-    ax.set_ylim(-tree.depth - 0.5, 0.5)
+    ax.set_ylim(-tree.depth - 0.3, 0.3)  # the boxes, not a margin of blank canvas
     ax.axis("off")
     n = len(tree.leaf_ids)
     title = f"profiling tree {tree.fingerprint()}: {n} {'leaf' if n == 1 else 'leaves'}, depth {tree.depth}"
@@ -446,8 +446,8 @@ def _oracle_section(rewards: pl.DataFrame, rewriter: str, out: Path) -> list[str
     heading = f"## Oracle sweep ({rewriter}): fixed configurations vs the per-task oracle\n"
     others = every["config_name"].n_unique() - len(names)
     note = (
-        f" ({_n(others, 'other shown-group set')}, such as a tree's leaves, left out: not fixed "
-        "configurations)"
+        f"; {_n(others, 'other shown-group set')}, such as a tree's leaves, left out: not fixed "
+        "configurations"
         if others
         else ""
     )
@@ -455,7 +455,9 @@ def _oracle_section(rewards: pl.DataFrame, rewriter: str, out: Path) -> list[str
     if not oa.get("tasks"):
         return [
             heading,
-            f"No task was answered for every one of the {len(names)} fixed configurations{note}.\n",
+            f"No task was answered for every one of the {len(names)} fixed configurations"
+            + (f" ({note[2:]})" if others else "")
+            + ".\n",
         ]
     pc = oa["per_configuration"]
     table = pl.DataFrame([{"configuration": n, **pc[n]} for n in oa["configurations"]]).rename(
@@ -469,7 +471,7 @@ def _oracle_section(rewards: pl.DataFrame, rewriter: str, out: Path) -> list[str
     md = [
         heading,
         markdown_table(table),
-        f"\n{_n(oa['tasks'], 'task')} answered for every configuration ({len(oa['skipped'])} skipped){note}. "
+        f"\n{_n(oa['tasks'], 'task')} answered for every configuration ({len(oa['skipped'])} skipped{note}). "
         f"Wins: tasks where the configuration is strictly best; ties: {_n(oa['ties'], 'task')} where "
         f"several share the best. Best static: **{oa['best_static']}** ({oa['best_static_geomean']:.3f}x"
         + (f"; tied with {', '.join(tied)}" if tied else "")
