@@ -347,7 +347,11 @@ def _resolve_tree_setup(args) -> dict:
     if source == "ncu" and not device.startswith("cuda"):
         raise _Stop(EXIT_ENVIRONMENT, f"the ncu source needs a CUDA device, got --device {device}")
     size = _task_size(args.size, device)
-    return {"tree": tree, "tree_path": str(path), "source": source, "device": device, "size": size}
+    try:  # the shipped default, shown as a user would type it
+        shown = str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        shown = str(path)
+    return {"tree": tree, "tree_path": shown, "source": source, "device": device, "size": size}
 
 
 def _load_cli_tasks(spec: str, names: str | None = None) -> list:
