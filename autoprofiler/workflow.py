@@ -605,5 +605,17 @@ def run_main(main: Callable[[list[str]], int], argv: Sequence[str] | None = None
         print(f"error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except (EnvironmentProblem, NcuNotFound, CountersNotPermitted) as exc:
-        print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
+        print(f"error: {_root_message(exc)}", file=sys.stderr)
         return EXIT_ENVIRONMENT
+
+
+def _root_message(exc: BaseException) -> str:
+    """The message of ``exc`` on one line; raised in a Ray actor (``RayTaskError``, which Ray makes an
+    instance of the cause's class too), the cause's own message without the remote traceback."""
+    ray = sys.modules.get("ray")
+    if ray is not None:
+        from ray.exceptions import RayTaskError
+
+        if isinstance(exc, RayTaskError) and exc.cause is not None:
+            exc = exc.cause
+    return " ".join(str(exc).split())

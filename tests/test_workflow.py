@@ -125,3 +125,20 @@ def test_environment_problems_before_anything_starts(monkeypatch):
     monkeypatch.setenv("RAY_ADDRESS", "127.0.0.1:6379")
     assert workflow.environment_problem("cuda", "ncu", {"ray": True}) is None
     assert os.environ["RAY_ADDRESS"]
+
+
+def test_an_environment_error_raised_in_a_ray_actor_prints_its_own_message(capsys):
+    """No ncu on a worker reaches the driver as Ray's RayTaskError (also an NcuNotFound): exit 3 with the
+    cause's one line, not the remote traceback."""
+    from ray.exceptions import RayTaskError
+
+    from autoprofiler.profiling import NcuNotFound
+
+    cause = NcuNotFound("Nsight Compute executable 'ncu' not found; install Nsight Compute")
+    remote = RayTaskError("CellWorker.profile", "Traceback (most recent call last):\n  File ...", cause)
+
+    def main(argv):
+        raise remote.as_instanceof_cause()
+
+    assert workflow.run_main(main, []) == 3
+    assert capsys.readouterr().err == f"error: {cause}\n"

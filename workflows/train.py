@@ -251,7 +251,12 @@ def main(argv: list[str]) -> int:
             with stage("profiling"):
                 failures = env.prefetch(tasks, groups)
             for failure in failures:
-                print(f"profiling failed: {failure}", flush=True)
+                print(f"profiling failed: {failure['task_id']}: {failure['error'][:300]}", flush=True)
+            if len({f["task_id"] for f in failures} & {t.id for t in train}) == len(train):
+                raise EnvironmentProblem(
+                    f"profiling failed for every training task (first: {failures[0]['error'][:300]}); "
+                    "check that `autoprofiler profile` works on one of them here"
+                )
 
         # 2. learn: the probe sweep, then one decision per proposal (one log line each)
         tree0 = initial_tree(cfg)
