@@ -31,7 +31,11 @@ def _resolve_device(device: str) -> str:
         if device == "auto":
             return "cuda" if torch.cuda.is_available() else "cpu"
         if not torch.cuda.is_available():
-            raise _Stop(EXIT_ENVIRONMENT, f"--device {device} but torch sees no CUDA device")
+            raise _Stop(
+                EXIT_ENVIRONMENT,
+                f"--device {device} but torch sees no CUDA device here; run on a GPU machine, or pass "
+                "--device cpu (with --source torch)",
+            )
     return device
 
 
@@ -223,13 +227,16 @@ def _cmd_profile(args) -> int:
     if source == "auto":
         source = "ncu" if shutil.which(args.ncu) else "torch"
     device = args.device
-    if device == "auto":
-        if source == "ncu":
-            device = "cuda"
-        else:
-            import torch
-
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "auto" and source == "ncu":
+        device = "cuda"
+    try:
+        device = _resolve_device(device)
+    except _Stop as stop:
+        print(f"error: {stop}", file=sys.stderr)
+        return stop.code
+    if source == "ncu" and not device.startswith("cuda"):
+        print(f"error: the ncu source needs a CUDA device, got --device {device}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
     size = _task_size(args.size, device)
     root = "root" if source == "ncu" else "torch_root"
     try:
@@ -292,6 +299,12 @@ def _add_tree_options(p) -> None:
         help="task size (AUTOPROFILER_TASK_SIZE); auto: full on CUDA, small on CPU",
     )
     p.add_argument("--cache", default=None, help="profile cache folder (Parquet); default: no cache")
+    p.add_argument(
+        "--filter",
+        default=None,
+        metavar="NAMES",
+        help="with a folder: only these tasks (comma-separated ids or id suffixes: relu,l2/swish_chain)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -334,21 +347,30 @@ def _resolve_tree_setup(args) -> dict:
     if source == "ncu" and not device.startswith("cuda"):
         raise _Stop(EXIT_ENVIRONMENT, f"the ncu source needs a CUDA device, got --device {device}")
     size = _task_size(args.size, device)
-    return {"tree": tree, "tree_path": str(path), "source": source, "device": device, "size": size}
+    try:  # the shipped default, shown as a user would type it
+        shown = str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        shown = str(path)
+    return {"tree": tree, "tree_path": shown, "source": source, "device": device, "size": size}
 
 
-def _load_cli_tasks(spec: str) -> list:
-    from autoprofiler.tasks import TaskLoadError, load_tasks
+def _load_cli_tasks(spec: str, names: str | None = None) -> list:
+    """The tasks of a file, folder or table; ``names``: comma-separated ids or id suffixes to keep."""
+    from autoprofiler.tasks import TaskLoadError
+    from autoprofiler.workflow import select_tasks
 
+    wanted = [n.strip() for n in (names or "").split(",") if n.strip()]
     try:
-        report = load_tasks(spec)
+        tasks, report, unmatched = select_tasks(spec, wanted)
     except TaskLoadError as exc:
-        raise _Stop(EXIT_BAD_INPUT, f"tasks {spec!r} do not load: {exc}") from None
+        raise _Stop(EXIT_BAD_INPUT, f"tasks {spec!r} do not load: {' '.join(str(exc).split())}") from None
     for error in report.errors:
         print(f"warning: skipped {error}", file=sys.stderr)
-    if not report.tasks:
+    if unmatched:
+        raise _Stop(EXIT_BAD_INPUT, f"--filter: {', '.join(unmatched)} match no task in {spec}")
+    if not tasks:
         raise _Stop(EXIT_BAD_INPUT, f"no task loaded from {spec!r}")
-    return list(report.tasks)
+    return tasks
 
 
 def _make_profiler(setup: dict, cache: str | None):
@@ -403,6 +425,25 @@ def _format_route(task, route, setup: dict) -> str:
     return "\n".join(lines)
 
 
+def _route_line(task, route, width: int) -> str:
+    """One task's routing on one line: the leaf, the direction taken at each node, the cost."""
+    turns = ", ".join(f"{s.node} {'<=' if s.went == 'left' else '>'}" for s in route.path) or "root is a leaf"
+    return (
+        f"{task.id:<{width}}  leaf {route.leaf:<10} ({turns})  collected {len(route.groups)} groups, "
+        f"{route.passes} passes, {route.seconds:.2f} s"
+    )
+
+
+def _route_summary(leaves: list[str], errors: int, setup: dict, seconds: float, passes: int) -> str:
+    """``45 tasks routed by trees/x.json: algorithm 20, compute 10; 0 errors; ...``."""
+    from collections import Counter
+
+    counts = ", ".join(f"{leaf} {n}" for leaf, n in Counter(leaves).most_common()) or "none"
+    n = len(leaves)
+    cost = f"; mean {seconds / n:.2f} s and {passes / n:.1f} passes per task" if n else ""
+    return f"{n} tasks routed by {setup['tree_path']}: {counts}; {errors} failed{cost}"
+
+
 def _cmd_route(args) -> int:
     import json
 
@@ -410,16 +451,28 @@ def _cmd_route(args) -> int:
 
     try:
         setup = _resolve_tree_setup(args)
-        tasks = _load_cli_tasks(args.task)
+        tasks = _load_cli_tasks(args.task, args.filter)
         profiler = _make_profiler(setup, args.cache)
-        code = EXIT_OK
+        many = len(tasks) > 1
+        if many and not args.json:
+            print(
+                f"routing {len(tasks)} tasks by {setup['tree_path']} ({setup['source']}, {setup['device']}, "
+                f"size {setup['size']}): one profiled process per tree level ...",
+                file=sys.stderr,
+                flush=True,
+            )
+        code, leaves, errors, seconds, passes = EXIT_OK, [], 0, 0.0, 0
+        width = max(len(t.id) for t in tasks)
         for task, route in zip(tasks, setup["tree"].route_many(tasks, profiler), strict=True):
             if isinstance(route, _environment_errors()):
                 raise _Stop(EXIT_ENVIRONMENT, str(route))
             if isinstance(route, Exception):
-                print(f"error: {task.id}: {route}", file=sys.stderr)
+                print(f"error: {task.id}: {_one_line(str(route))}", file=sys.stderr)
                 code = EXIT_BAD_INPUT if isinstance(route, RouteError) else EXIT_ENVIRONMENT
+                errors += 1
                 continue
+            leaves.append(route.leaf)
+            seconds, passes = seconds + route.seconds, passes + route.passes
             if args.json:
                 steps = [s._asdict() for s in route.path]
                 print(
@@ -436,8 +489,12 @@ def _cmd_route(args) -> int:
                         }
                     )
                 )
+            elif many:
+                print(_route_line(task, route, width), flush=True)
             else:
                 print(_format_route(task, route, setup))
+        if many and not args.json:
+            print(_route_summary(leaves, errors, setup, seconds, passes))
         return code
     except _Stop as stop:
         print(f"error: {stop}", file=sys.stderr)
@@ -450,8 +507,10 @@ def _add_optimize(sub) -> None:
         help="profile by a tree, rewrite once, evaluate",
         description="For TASK (a task file, or a folder/table of tasks): route through the tree, restrict "
         "the profile to the leaf's groups, rewrite once (rule-based or an OpenAI-compatible LLM), evaluate "
-        "the candidate, print one line per task and a summary. Exit 0 (a single task: when correct), 1 a "
-        "single task's candidate is not correct, 2 bad input, 3 environment. "
+        "the candidate, print one line per task as it finishes and a summary that keeps tasks without a "
+        "result apart. Exit 0 (a single task: when correct), 1 a single task's candidate is not correct or "
+        "a task of a folder has no result, 2 bad input (also: a task without a recorded profile under "
+        "--profiles), 3 environment. "
         "Example: autoprofiler optimize datasets/suite --rewriter rule --out bench/results/optimize.md",
     )
     p.add_argument("task", help="task file, or a folder (suite) / table of tasks")
@@ -516,8 +575,16 @@ def _make_rewriter(args):
         raise _Stop(EXIT_ENVIRONMENT, f"cannot set up the openai rewriter: {exc}") from None
 
 
+#: Failure kinds that mean a task's input was missing (exit 2 for a folder): no recorded profile, or a
+#: task or profile that does not load.
+INPUT_FAILURES = ("missing_profile", "profile_error", "task_error")
+
+
 def _summary(results) -> dict:
-    """KernelBench-style numbers over the tasks with a row (``analysis.summarize``); failures apart."""
+    """KernelBench-style numbers over the tasks with a row (``analysis.summarize``); failures apart,
+    counted by kind (``failures``)."""
+    from collections import Counter
+
     from autoprofiler.analysis import summarize
     from autoprofiler.optimize import result_row
 
@@ -525,27 +592,52 @@ def _summary(results) -> dict:
     answered = [{**r, "profile_seconds": r["profile_s"], "missing": ""} for r in rows if not r["failed"]]
     summary = summarize(answered) if answered else {"tasks": 0}
     summary["failed"] = len(rows) - len(answered)
+    summary["failures"] = dict(
+        Counter(r["error_kind"] or "failed" for r in rows if r["failed"]).most_common()
+    )
     return summary
 
 
-def _format_row(row: dict) -> str:
+def _one_line(text: str, limit: int = 300) -> str:
+    """The first line of ``text``, cut at a word boundary (never inside a hash or a path) past ``limit``."""
+    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
+    if len(line) <= limit:
+        return line
+    cut = line.rfind(" ", 0, limit)
+    return line[: cut if cut > 0 else limit] + " ..."
+
+
+def _format_row(row: dict, width: int = 40) -> str:
+    """One task's outcome on one line: the tree's choice, the action, correct and speedup, or why not."""
     if row["correct"]:
         outcome = f"correct, speedup {row['speedup']:.3f}x" if row["speedup"] else "correct"
     else:
-        reason = (row["error"] or "").strip().splitlines()[:1]
-        outcome = f"{row['error_kind'] or 'incorrect'}: {reason[0][:200] if reason else ''}"
+        kind = row["error_kind"] or "incorrect"
+        reason = _one_line(row["error"] or "")
+        if reason.startswith(f"{kind}:"):  # a failure's text starts with its kind already
+            reason = reason[len(kind) + 1 :].strip()
+        outcome = f"{'FAILED ' if row['failed'] else ''}{kind}: {reason}"
+    if row["failed"] and not row["leaf"]:
+        return f"{row['task']:<{width}} {outcome}"
     return (
-        f"{row['task']:<40} leaf={row['leaf'] or '-':<10} groups={row['groups'] or '-'} "
+        f"{row['task']:<{width}} leaf={row['leaf'] or '-':<10} groups={row['groups'] or '-'} "
         f"passes={row['passes']} profile={row['profile_s']:.1f}s action={row['action'] or '-'}  {outcome}"
     )
 
 
 def _format_summary(s: dict) -> str:
-    failed = f"; {s['failed']} task(s) FAILED before evaluation (see above)" if s["failed"] else ""
+    """The results of the evaluated tasks, then, apart, the tasks without a result (by kind)."""
+    total = s.get("tasks", 0) + s["failed"]
+    kinds = ", ".join(f"{k} {n}" for k, n in (s.get("failures") or {}).items())
+    failed = (
+        f"; {s['failed']} of {total} FAILED without a result ({kinds}), not counted in these numbers"
+        if s["failed"]
+        else ""
+    )
     if not s.get("tasks"):
-        return f"no task was evaluated{failed}"
+        return f"no task was evaluated (0 of {total}){failed}"
     return (
-        f"{s['tasks']} tasks evaluated: correct {round(s['accuracy'] * s['tasks'])}/{s['tasks']} "
+        f"{s['tasks']} of {total} tasks evaluated: correct {round(s['accuracy'] * s['tasks'])}/{s['tasks']} "
         f"({s['accuracy']:.0%}), geomean effective speedup {s['geomean_speedup']:.3f}x, "
         f"fast_1 {s['fast_1']:.0%}, fast_1.5 {s['fast_1.5']:.0%}, mean passes {s['passes_per_task']:.1f}, "
         f"mean profile {s['profile_seconds_per_task']:.1f} s, "
@@ -602,8 +694,26 @@ def _optimize_runner(args, setup: dict, rewriter, eval_options: dict):
         return LocalDriver(CellWorker(spec, rewriter=rewriter))
     from autoprofiler.runtime.ray_driver import RayDriver, init_ray
 
-    init_ray()
-    return RayDriver.start(spec, num_workers=1, progress=None)
+    try:
+        init_ray()
+        return RayDriver.start(spec, num_workers=1, progress=None)
+    except Exception as exc:  # Ray does not start, or the cluster lacks the GPU asked for
+        raise _Stop(
+            EXIT_ENVIRONMENT,
+            f"--jobs {args.jobs} runs one Ray worker, which did not start: {type(exc).__name__}: "
+            f"{_one_line(str(exc))}; try --jobs 1 (in this process)",
+        ) from None
+
+
+def _unrecorded(tasks: list, profiler, recording: str) -> list:
+    """``Optimized`` failures for the tasks a recording holds no profile of (nothing to route on)."""
+    from autoprofiler.optimize import Optimized
+
+    return [
+        Optimized(t, None, f"missing_profile: {recording} holds no profile of this task (hash {t.hash})")
+        for t in tasks
+        if not profiler.recorded_groups(t)
+    ]
 
 
 def _cmd_optimize(args) -> int:
@@ -613,6 +723,7 @@ def _cmd_optimize(args) -> int:
     from autoprofiler.evaluation import EvalConfig, EvaluatorError
     from autoprofiler.optimize import optimize, result_row
     from autoprofiler.policies import TreePolicy
+    from autoprofiler.runtime.progress import Progress
 
     try:
         for out in args.out:
@@ -621,9 +732,18 @@ def _cmd_optimize(args) -> int:
         if args.jobs < 1:
             raise _Stop(EXIT_BAD_INPUT, f"--jobs must be at least 1, got {args.jobs}")
         setup = _resolve_tree_setup(args)
-        tasks = _shard(_load_cli_tasks(args.task), args.shard)
+        tasks = _shard(_load_cli_tasks(args.task, args.filter), args.shard)
+        missing = []
         if args.profiles:
             profiler = _recorded_profiler(args.profiles, setup)
+            missing = _unrecorded(tasks, profiler, args.profiles)
+            if len(missing) == len(tasks):
+                raise _Stop(
+                    EXIT_BAD_INPUT,
+                    f"--profiles {args.profiles} holds no {setup['source']} profile of any of the "
+                    f"{len(tasks)} task(s); record them first (workflows/oracle_sweep.py) or pick recorded "
+                    "ones with --filter",
+                )
         else:
             profiler = _make_profiler(setup, args.cache)
         rewriter = _make_rewriter(args)
@@ -638,6 +758,7 @@ def _cmd_optimize(args) -> int:
         config = {
             "command": "optimize",
             "tasks": args.task,
+            "filter": args.filter,
             "shard": args.shard,
             "tree": setup["tree_path"],
             "policy": policy.name,
@@ -650,18 +771,47 @@ def _cmd_optimize(args) -> int:
             "eval": eval_config.to_dict(),
             "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         }
+        many, width = len(tasks) > 1, max(len(t.id) for t in tasks)
+        skipped = {m.task.hash for m in missing}
+        todo = [t for t in tasks if t.hash not in skipped]
+        if many and not args.json:
+            if missing:
+                names = ", ".join(m.task.id for m in missing[:3]) + (", ..." if len(missing) > 3 else "")
+                print(
+                    f"{len(missing)} of {len(tasks)} tasks have no profile in {args.profiles} ({names}): "
+                    f"they fail with missing_profile; --filter picks the recorded ones",
+                    file=sys.stderr,
+                )
+            print(
+                f"optimizing {len(todo)} tasks: route by {setup['tree_path']} ({setup['source']}, "
+                f"{'recorded profiles' if args.profiles else setup['device']}), rewrite "
+                f"({rewriter.identity}), evaluate ({args.jobs} at once) ...",
+                file=sys.stderr,
+                flush=True,
+            )
         runner = _optimize_runner(args, setup, rewriter, eval_options)
-        try:
-            results = optimize(tasks, policy, profiler, runner, rewriter)
-        except EvaluatorError as exc:
-            raise _Stop(EXIT_ENVIRONMENT, str(exc)) from None
-        except _environment_errors() as exc:
-            raise _Stop(EXIT_ENVIRONMENT, str(exc)) from None
-        finally:
-            runner.close()
+        with Progress(len(tasks), "optimize", enabled=many and not args.json, unit="task") as bar:
+
+            def show(result) -> None:  # the one writer: each task's line as it is known, above the bar
+                if not args.json:
+                    bar.write(_format_row(result_row(result), width))
+                bar.update(1)
+
+            for result in missing:
+                show(result)
+            try:
+                done = optimize(todo, policy, profiler, runner, rewriter, on_result=show) if todo else []
+            except EvaluatorError as exc:
+                raise _Stop(EXIT_ENVIRONMENT, str(exc)) from None
+            except _environment_errors() as exc:
+                raise _Stop(EXIT_ENVIRONMENT, str(exc)) from None
+            finally:
+                runner.close()
     except _Stop as stop:
         print(f"error: {stop}", file=sys.stderr)
         return stop.code
+    by_hash = {r.task.hash: r for r in [*missing, *done]}
+    results = [by_hash[t.hash] for t in tasks]
     rows = [result_row(r) for r in results]
     summary = _summary(results)
     if args.json:
@@ -672,18 +822,23 @@ def _cmd_optimize(args) -> int:
                 default=str,
             )
         )
-    else:
-        for row in rows:
-            print(_format_row(row))
-        if len(rows) > 1:
-            print(_format_summary(summary))
+    elif many:
+        print(_format_summary(summary))
     for out in args.out:
         _write_table(out, rows, summary, config)
         if not args.json:
             print(f"wrote {out}")
+    return _optimize_exit(rows)
+
+
+def _optimize_exit(rows: list[dict]) -> int:
+    """2 when a task lacked its input (``INPUT_FAILURES``); else 1 when one has no result (or, for a single
+    task, is not correct); else 0."""
+    if any(r["failed"] and r["error_kind"] in INPUT_FAILURES for r in rows):
+        return EXIT_BAD_INPUT
     if len(rows) == 1:
         return EXIT_OK if rows[0]["correct"] else EXIT_INCORRECT
-    return EXIT_INCORRECT if summary["failed"] else EXIT_OK
+    return EXIT_INCORRECT if any(r["failed"] for r in rows) else EXIT_OK
 
 
 # -----------------------------------------------------------------------------------------------------

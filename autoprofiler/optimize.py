@@ -12,7 +12,7 @@ was chosen. The CLI's ``optimize`` and the Serve app's ``/optimize`` call it.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -65,12 +65,15 @@ def optimize(
     runner: Runner,
     rewriter: Rewriter,
     seed: int = 0,
+    on_result: Callable[[Optimized], None] | None = None,
 ) -> list[Optimized]:
     """Route, rewrite and evaluate every task; one ``Optimized`` per task, in order.
 
     ``profiler`` is what the policy collects from (a ``Profiler``, or a ``RecordedProfiler`` over a
     recording). Profiling or routing failures are data (``Optimized.failure``); environment errors of
-    the profiler (no ncu, counters not permitted) raise.
+    the profiler (no ncu, counters not permitted) raise. ``on_result`` is called with each task's
+    outcome as it is known (in the calling thread; evaluations finish in any order), so a caller can
+    print one line per task while the rest still run.
     """
     from autoprofiler.profiling import CountersNotPermitted, NcuNotFound
 
@@ -78,32 +81,44 @@ def optimize(
     for selection in selections:
         if isinstance(selection, NcuNotFound | CountersNotPermitted):
             raise selection
-    items, where = [], []
-    for task, sel in zip(tasks, selections, strict=True):
+    out: list[Optimized | None] = [None] * len(tasks)
+
+    def done(i: int, result: Optimized) -> None:
+        out[i] = result
+        if on_result is not None:
+            on_result(result)
+
+    items, index = [], {}
+    for i, (task, sel) in enumerate(zip(tasks, selections, strict=True)):
         if isinstance(sel, Exception):
+            done(i, Optimized(task, None, f"profile_error: {type(sel).__name__}: {sel}"))
             continue
         cell = Cell(task, sel.groups, rewriter.identity, seed, 0, policy=policy.name)
-        where.append(len(items))
-        items.append(WorkItem(cell, _shown(sel)))
-    results = iter(runner.run_cells(items)) if items else iter(())
-    out = []
-    for task, sel in zip(tasks, selections, strict=True):
-        if isinstance(sel, Exception):
-            out.append(Optimized(task, None, f"profile_error: {type(sel).__name__}: {sel}"))
-            continue
-        result = next(results)
-        choice = {
-            "leaf": sel.leaf,
-            "groups": tuple(sel.groups),
-            "path": tuple(tuple(step) for step in sel.trace),
-            "passes": int(sel.passes),
-            "profile_seconds": float(sel.seconds),
-        }
-        if isinstance(result, CellFailure):
-            out.append(Optimized(task, None, f"{result.kind}: {result.message}", **choice))
-        else:
-            out.append(Optimized(task, result, **choice))
-    return out
+        if cell.key not in index:  # two tasks of the same content: one evaluation answers both
+            items.append(WorkItem(cell, _shown(sel)))
+        index.setdefault(cell.key, []).append(i)
+
+    def arrived(result: RewardRow | CellFailure) -> None:
+        for i in index[result.key]:
+            sel = selections[i]
+            choice = {
+                "leaf": sel.leaf,
+                "groups": tuple(sel.groups),
+                "path": tuple(tuple(step) for step in sel.trace),
+                "passes": int(sel.passes),
+                "profile_seconds": float(sel.seconds),
+            }
+            if isinstance(result, CellFailure):
+                done(i, Optimized(tasks[i], None, f"{result.kind}: {result.message}", **choice))
+            else:
+                done(i, Optimized(tasks[i], result, **choice))
+
+    if items:
+        results = runner.run_cells(items, on_result=arrived)
+        for item, result in zip(items, results, strict=True):  # any the runner did not call back for
+            if out[index[item.cell.key][0]] is None:
+                arrived(result)
+    return [r for r in out if r is not None]
 
 
 def result_row(result: Optimized) -> dict[str, Any]:

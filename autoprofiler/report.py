@@ -1,12 +1,13 @@
 """A Markdown report with PNG plots, from reward tables (and, when given, a training run's outputs).
 
-    python -m autoprofiler.report TABLE_DIR --out reports/x [--run RUN_DIR] [--tree TREE.json]
+    python -m autoprofiler.report TABLE_DIR --out runs/x [--run RUN_DIR] [--tree TREE.json] [--overwrite]
 
 ``TABLE_DIR`` is a recording (``rewards/`` and ``profiles/`` Parquet tables, as ``LiveEnvironment``
 writes them), read as polars frames (``analysis.reward_frame``: schema checked); every table in the
 report is a polars aggregation of those frames or of the run's rows, and every sentence states numbers
 computed from them. From the reward table alone the report shows: what was recorded; each rule
-action's outcomes and the best action per task (over the tasks where every action was recorded); the
+action's outcomes and the best action per task (per task the best of the actions recorded for it; a
+missing action is not counted, and each action is compared with it on that action's own tasks); the
 oracle sweep over the fixed configurations recorded (per-configuration geomean, wins, best static,
 per-task oracle, bootstrap CI of the oracle's relative gain: the paper's Figure 2 / Table 6); rounds > 0.
 With ``--run`` (a ``workflows/train.py`` output folder) it adds the held-out policy comparison (from
@@ -14,7 +15,8 @@ With ``--run`` (a ``workflows/train.py`` output folder) it adds the held-out pol
 (``proposals.jsonl``) and the refinement curve (``refinement.json``).
 
 Bar charts carry their values; a chart with nothing to show (no configuration ever strictly best) is
-not drawn, and the report says why.
+not drawn, and the report says why. ``main`` refuses an ``--out`` that holds a report or that git tracks
+(``reports/``) unless ``--overwrite``: reports go under ``runs/``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ import argparse
 import json
 import logging
 import math
+import re
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -40,7 +44,16 @@ from autoprofiler.analysis import (
 )
 from autoprofiler.tables import TableSchemaError
 
-__all__ = ["build_report", "draw_tree", "main", "markdown_table", "oracle_matrix"]
+__all__ = [
+    "best_action_per_task",
+    "build_report",
+    "draw_tree",
+    "main",
+    "markdown_table",
+    "oracle_matrix",
+    "out_problem",
+    "tracked_folder",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -102,13 +115,17 @@ def _bars(
     xlabel: str,
     base: float = 0.0,
     fmt: str = ".3f",
+    marks: Sequence[float | None] = (),
+    mark_label: str = "",
 ) -> Path:
     """Horizontal bars from ``base`` (1.0 for speedups: a bar to the left is a slowdown), each with its
-    value written at its end."""
+    value written at its end. ``marks`` (one per bar, None for none): a black diamond on a bar's row, for
+    a value it is compared with (drawn where it differs from the bar), named ``mark_label`` in a legend."""
     plt = _plt()
     from matplotlib.ticker import MaxNLocator
 
     values = [float(v) for v in values]
+    drawn = [(i, float(m)) for i, m in enumerate(marks) if m is not None and abs(float(m) - values[i]) > 1e-9]
     fig, ax = plt.subplots(figsize=(6.4, 0.9 + 0.36 * len(labels)))
     colors = ["#4C72B0" if v >= base else "#DD8452" for v in values]
     bars = ax.barh(range(len(labels)), [v - base for v in values], left=base, color=colors, height=0.6)
@@ -116,9 +133,16 @@ def _bars(
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     if all(v == int(v) for v in values):  # counts: whole-number ticks
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    if drawn:  # the diamonds explained under the axis: a legend box would cover bars
+        ax.scatter([m for _, m in drawn], [i for i, _ in drawn], marker="D", s=22, color="black", zorder=3)
+        for i, m in drawn:
+            ax.annotate(format(m, fmt), (m, i), xytext=(6, 0), textcoords="offset points", fontsize=7,
+                        ha="left", va="center", color="#333333")  # fmt: skip
+        xlabel = f"{xlabel}\n\u25c6 {mark_label}"
     ax.invert_yaxis()  # first label on top, as in the table
     ax.axvline(base, color="grey", lw=0.8)
-    lo, hi = min([*values, base]), max([*values, base])
+    everything = [*values, *(m for _, m in drawn), base]
+    lo, hi = min(everything), max(everything)
     span = (hi - lo) or abs(hi) or 1.0
     ax.set_xlim(lo - (0.18 * span if lo < base else 0.02 * span), hi + 0.18 * span)
     ax.set_title(title, fontsize=10)
@@ -158,7 +182,7 @@ def draw_tree(tree: Any, path: Path) -> Path:
             texts[node.id] = f"leaf {node.id}\n" + ("\n".join(node.groups) or "(no groups)")
     longest = max(len(line) for t in texts.values() for line in t.splitlines())
     unit = min(max(1.8, 0.062 * longest), 4.2)  # inches per leaf: the widest label fits
-    fig, ax = plt.subplots(figsize=(unit * max(leaves[0], 1), 1.5 * (tree.depth + 1)))
+    fig, ax = plt.subplots(figsize=(unit * max(leaves[0], 1), 0.9 + 1.4 * tree.depth))
     for node in tree.nodes:
         x, y = pos[node.id]
         if isinstance(node, Split):
@@ -187,13 +211,13 @@ def draw_tree(tree: Any, path: Path) -> Path:
             bbox={"boxstyle": "round,pad=0.45", "fc": color, "ec": "#555555"},
         )
     ax.set_xlim(-0.5, max(leaves[0], 1) - 0.5)
-    ax.set_ylim(-tree.depth - 0.5, 0.5)
+    ax.set_ylim(-tree.depth - 0.3, 0.3)  # the boxes, not a margin of blank canvas
     ax.axis("off")
     n = len(tree.leaf_ids)
-    ax.set_title(
-        f"profiling tree {tree.fingerprint()}: {n} {'leaf' if n == 1 else 'leaves'}, depth {tree.depth}",
-        fontsize=9,
-    )
+    title = f"profiling tree {tree.fingerprint()}: {n} {'leaf' if n == 1 else 'leaves'}, depth {tree.depth}"
+    if n == 1:  # nothing to route on: say so, or the lone box reads like a drawing that failed
+        title += "\none leaf: every task is shown these groups (no split was learned)"
+    ax.set_title(title, fontsize=9)
     fig.savefig(path, dpi=110, bbox_inches="tight", pad_inches=0.2)
     plt.close(fig)
     return path
@@ -235,8 +259,33 @@ def _recorded_section(rewards: pl.DataFrame, profiles: pl.DataFrame | None) -> l
     return ["## Recorded data\n", markdown_table(table)]
 
 
+def best_action_per_task(actions: pl.DataFrame) -> pl.DataFrame:
+    """Per task (``task_hash``): ``best``, the highest effective speedup over the actions recorded for it
+    (an action without a row for the task is not counted), ``actions`` recorded and ``top``, the actions
+    that reach ``best``. A (task, action) cell of several rows (seeds) counts by their geomean.
+
+    Columns of ``actions``: task_hash, action, effective_speedup.
+    """
+    cells = actions.group_by("task_hash", "action").agg(geomean_expr("effective_speedup").alias("eff"))
+    return (
+        cells.with_columns(best=pl.col("eff").max().over("task_hash"))
+        .group_by("task_hash")
+        .agg(
+            pl.col("best").first(),
+            pl.len().alias("actions"),
+            pl.col("action").filter(pl.col("eff") == pl.col("best")).sort().alias("top"),
+        )
+        .sort("task_hash")
+    )
+
+
 def _actions_section(actions: pl.DataFrame, rewriter: str, out: Path) -> list[str]:
-    """One rewriter's rule-action rows (round 0): per action, then the best action per task."""
+    """One rewriter's rule-action rows (round 0): per action, then the best action per task.
+
+    The best action per task takes, for each task, the best of the actions recorded for it; on the tasks
+    of any one action it is at least that action's geomean (the table's last column), so the bound is
+    never below a single action compared on the same tasks.
+    """
     correct = pl.col("correct").fill_null(False)
     errors = (
         actions.filter(pl.col("error_kind").fill_null("") != "")
@@ -245,6 +294,13 @@ def _actions_section(actions: pl.DataFrame, rewriter: str, out: Path) -> list[st
         .sort(["action", "len", "error_kind"], descending=[False, True, False])
         .group_by("action", maintain_order=True)
         .agg(pl.format("{} {}", "error_kind", "len").str.join(", ").alias("errors"))
+    )
+    cells = actions.group_by("task_hash", "action").agg(geomean_expr("effective_speedup").alias("eff"))
+    per_task = best_action_per_task(actions)
+    same_tasks = (
+        cells.join(per_task.select("task_hash", "best"), on="task_hash")
+        .group_by("action")
+        .agg(geomean_expr("best").alias("best per task, same tasks"))
     )
     per_action = (
         actions.group_by("action")
@@ -257,76 +313,89 @@ def _actions_section(actions: pl.DataFrame, rewriter: str, out: Path) -> list[st
         )
         .join(errors, on="action", how="left")
         .with_columns(pl.col("errors").fill_null("-"))
+        .join(same_tasks, on="action", how="left")
         .sort("action")
     )
-    # one effective speedup per (task, action): the geomean over its rows (seeds)
-    cells = actions.group_by("task_hash", "action").agg(geomean_expr("effective_speedup").alias("eff"))
-    n_actions, n_tasks = per_action.height, cells["task_hash"].n_unique()
-    complete = cells.group_by("task_hash").len().filter(pl.col("len") == n_actions).select("task_hash")
-    on_complete = cells.join(complete, on="task_hash")
+    n_actions, n_tasks = per_action.height, per_task.height
+    complete = per_task.filter(pl.col("actions") == n_actions).height
+    repeated = bool((per_action["rows"] > per_action["tasks"]).any())
     md = [f"## Rule actions ({rewriter})\n"]
-    repeated = (per_action["rows"] > per_action["tasks"]).any()
-    if complete.height == n_tasks and not repeated:
+    if complete == n_tasks and not repeated:
         md.append(
-            f"Each of the {_n(n_actions, 'action')} was evaluated once on each of "
-            f"the {_n(n_tasks, 'task')}.\n"
+            f"Each of the {_n(n_actions, 'action')} was evaluated once on each of the "
+            f"{_n(n_tasks, 'task')}.\n"
         )
     else:
         md.append(
-            f"{_n(n_actions, 'action')} over {_n(n_tasks, 'task')}: {complete.height} of them with a row "
-            "for every action; each action's tasks and rows are in the table."
+            f"{_n(n_actions, 'action')} over {_n(n_tasks, 'task')}; {complete} of the tasks have a row for "
+            "every action (each action's own count is in the table)."
             + (
-                " Some (task, action) cells have several rows (seeds); below, each cell counts once, "
-                "by the geomean of its rows."
+                " Some (task, action) cells have several rows (seeds); each cell counts once, by the "
+                "geomean of its rows."
                 if repeated
                 else ""
             )
             + "\n"
         )
-    if complete.height < n_tasks:
-        per_action = per_action.join(
-            on_complete.group_by("action").agg(
-                geomean_expr("eff").alias(f"geomean speedup ({_n(complete.height, 'task')}, every action)")
-            ),
-            on="action",
-            how="left",
-        )
-    md.append(markdown_table(per_action))
-    if complete.is_empty():
-        md.append("\nNo task has a row for every action, so there is no best-action-per-task bound.\n")
-        return md
-    best = on_complete.with_columns(top=pl.col("eff") == pl.col("eff").max().over("task_hash"))
-    per_task = best.filter("top").group_by("task_hash").agg(pl.col("eff").first(), pl.col("action"))
-    bound = per_task.select(geomean_expr("eff")).item()
+    shown = per_action if complete < n_tasks else per_action.drop("best per task, same tasks")
+    md.append(markdown_table(shown))  # the last column only says something when the tasks differ
+    bound = per_task.select(geomean_expr("best")).item()  # over every task: a bound when all are complete
+    several = per_task.filter(pl.col("actions") > 1)
     strict = (
-        per_task.filter(pl.col("action").list.len() == 1)
-        .group_by(pl.col("action").list.first())
+        several.filter(pl.col("top").list.len() == 1)
+        .group_by(pl.col("top").list.first().alias("action"))
         .len()
         .sort(["len", "action"], descending=[True, False])
     )
-    ties = per_task.filter(pl.col("action").list.len() > 1).height
-    geo = on_complete.group_by("action").agg(geomean_expr("eff").alias("g")).sort("action")
-    top = geo.filter(pl.col("g") == pl.col("g").max())
-    where = (
-        f"the {_n(complete.height, 'task')}"
-        if complete.height == n_tasks
-        else f"the {complete.height} of {_n(n_tasks, 'task')} with a row for every action"
-    )
-    md.append(
-        f"\nBest action per task, over {where}: geomean {bound:.3f}x, an upper bound for any policy that "
-        f"picks one of these actions per task; the best single action on the same tasks gives "
-        f"{top['g'][0]:.3f}x ({' = '.join(top['action'].to_list())}). "
-        "Tasks where one action is strictly best: "
-        + (", ".join(f"{a} {n}" for a, n in strict.rows()) or "none")
-        + f"; tasks where several actions tie for best: {ties}.\n"
-    )
+    ties = several.filter(pl.col("top").list.len() > 1).height
+    if several.height:
+        wins = (
+            f" Of the {_n(several.height, 'task')} with two or more actions recorded, one action is strictly "
+            "best on: "
+            + (", ".join(f"{a} {n}" for a, n in strict.rows()) or "none")
+            + f"; several tie for best on {ties}."
+        )
+    else:
+        wins = " No task has more than one action recorded, so no action is compared with another there."
+    names = per_action["action"].to_list()
+    if complete == n_tasks:
+        top = per_action.filter(pl.col("geomean speedup") == pl.col("geomean speedup").max())
+        md.append(
+            f"\nBest action per task, over the {_n(n_tasks, 'task')}: geomean {bound:.3f}x, an upper bound "
+            "for any policy that picks one of these actions per task; the best single action gives "
+            f"{top['geomean speedup'][0]:.3f}x ({' = '.join(top['action'].to_list())}).{wins}\n"
+        )
+        labels, values = [*names, "best per task"], [*per_action["geomean speedup"].to_list(), bound]
+        marks: list[float | None] = []
+    else:  # different tasks per action: compare each with the per-task best on its own tasks only
+        pairs = ", ".join(
+            f"{a} {g:.3f}x vs {b:.3f}x ({_n(k, 'task')})"
+            for a, k, g, b in per_action.select(
+                "action", "tasks", "geomean speedup", "best per task, same tasks"
+            ).rows()
+        )
+        md.append(
+            "\nThe actions were recorded on different tasks, so no one bound covers them all. On each "
+            "action's own tasks, the best action per task (for each task the best of the actions recorded "
+            f"for it; a missing action is not counted) gives at least the action itself: {pairs}.{wins}\n"
+        )
+        labels = [
+            a if k == n_tasks else f"{a} ({k} of {n_tasks} tasks)"
+            for a, k in per_action.select("action", "tasks").rows()
+        ]
+        values, marks = (
+            per_action["geomean speedup"].to_list(),
+            per_action["best per task, same tasks"].to_list(),
+        )
     png = _bars(
         out / f"actions_{_slug(rewriter)}.png",
-        [*geo["action"].to_list(), "best per task"],
-        [*geo["g"].to_list(), bound],
-        f"geomean effective speedup per rule action, {rewriter} ({_n(complete.height, 'task')})",
+        labels,
+        values,
+        f"geomean effective speedup per rule action, {rewriter}",
         "geomean effective speedup (1.0 = unchanged)",
         base=1.0,
+        marks=marks,
+        mark_label="best action per task, on the same tasks",
     )
     md.append(f"\n![actions]({png.name})\n")
     return md
@@ -365,14 +434,31 @@ def oracle_matrix(rewards: pl.DataFrame, rewriter: str, seed: int = 0) -> pl.Dat
 
 
 def _oracle_section(rewards: pl.DataFrame, rewriter: str, out: Path) -> list[str]:
-    matrix = oracle_matrix(rewards, rewriter)
+    """The fixed configurations (``CONFIGURATIONS``) recorded for one rewriter against the per-task oracle
+    over them; rows of other shown-group sets (a tree's leaves) are not fixed configurations: left out."""
+    from autoprofiler.profiling.groups import CONFIGURATIONS
+
+    every = oracle_matrix(rewards, rewriter)
+    matrix = every.filter(pl.col("config_name").is_in(list(CONFIGURATIONS)))
     names = matrix["config_name"].unique(maintain_order=True).to_list()
     if len(names) < 2:
         return []
     heading = f"## Oracle sweep ({rewriter}): fixed configurations vs the per-task oracle\n"
+    others = every["config_name"].n_unique() - len(names)
+    note = (
+        f"; {_n(others, 'other shown-group set')}, such as a tree's leaves, left out: not fixed "
+        "configurations"
+        if others
+        else ""
+    )
     oa = oracle_analysis(matrix)
     if not oa.get("tasks"):
-        return [heading, f"No task was answered for every one of the {len(names)} configurations.\n"]
+        return [
+            heading,
+            f"No task was answered for every one of the {len(names)} fixed configurations"
+            + (f" ({note[2:]})" if others else "")
+            + ".\n",
+        ]
     pc = oa["per_configuration"]
     table = pl.DataFrame([{"configuration": n, **pc[n]} for n in oa["configurations"]]).rename(
         {"geomean_speedup": "geomean speedup"}
@@ -385,7 +471,7 @@ def _oracle_section(rewards: pl.DataFrame, rewriter: str, out: Path) -> list[str
     md = [
         heading,
         markdown_table(table),
-        f"\n{_n(oa['tasks'], 'task')} answered for every configuration ({len(oa['skipped'])} skipped). "
+        f"\n{_n(oa['tasks'], 'task')} answered for every configuration ({len(oa['skipped'])} skipped{note}). "
         f"Wins: tasks where the configuration is strictly best; ties: {_n(oa['ties'], 'task')} where "
         f"several share the best. Best static: **{oa['best_static']}** ({oa['best_static_geomean']:.3f}x"
         + (f"; tied with {', '.join(tied)}" if tied else "")
@@ -400,7 +486,8 @@ def _oracle_section(rewards: pl.DataFrame, rewriter: str, out: Path) -> list[str
             out / f"oracle_wins_{slug}.png",
             oa["configurations"],
             wins,
-            f"tasks where each configuration is strictly best, {rewriter} (of {oa['tasks']})",
+            f"tasks where each configuration is strictly best, {rewriter} (of {oa['tasks']}; "
+            f"{oa['ties']} ties)",
             "tasks",
             fmt="g",
         )
@@ -575,8 +662,12 @@ def build_report(
     run_dir: str | Path | None = None,
     tree_path: str | Path | None = None,
     title: str = "autoprofiler report",
+    tasks: Sequence[str] | None = None,
 ) -> Path:
     """Write ``out/report.md`` and its PNGs; returns the Markdown path.
+
+    A report already in ``out`` is replaced whole: the PNGs its ``report.md`` shows are removed first, so
+    no chart of an earlier report stays beside the new one.
 
     Args:
         table_dir: a recording folder with ``rewards/`` (and ``profiles/``).
@@ -584,6 +675,7 @@ def build_report(
         run_dir: a ``workflows/train.py`` output folder to add (evaluation, learning log, refinement).
         tree_path: a tree JSON to show; default: the run's ``tree.json`` when there is one.
         title: the report's first heading.
+        tasks: task hashes to report on (a run's tasks, when its tables hold others too); None: all.
 
     Raises:
         FileNotFoundError: ``table_dir`` has no ``rewards/`` table.
@@ -595,11 +687,22 @@ def build_report(
         raise FileNotFoundError(
             f"expected a reward table at {rewards_dir} (a recording folder); it is not there"
         )
+    _remove_previous(out)
     out.mkdir(parents=True, exist_ok=True)
     rewards = reward_frame(rewards_dir)
     profiles = profile_frame(table_dir / "profiles") if (table_dir / "profiles").is_dir() else None
+    where = f"Tables: `{table_dir}`"
+    if tasks is not None:
+        wanted = sorted(set(tasks))
+        rewards = rewards.filter(pl.col("task_hash").is_in(wanted))
+        profiles = None if profiles is None else profiles.filter(pl.col("task_hash").is_in(wanted))
+        where += f", restricted to the {_n(len(wanted), 'task')} of this run"
+    if rewards.is_empty():
+        raise ValueError(
+            f"{rewards_dir} holds no reward row" + (" for these tasks" if tasks is not None else "")
+        )
     run = Path(run_dir) if run_dir else None
-    md = [f"# {title}\n", f"Tables: `{table_dir}`" + (f"; run: `{run}`" if run else "") + "\n"]
+    md = [f"# {title}\n", where + (f"; run: `{run}`" if run else "") + "\n"]
     md += _recorded_section(rewards, profiles)
     actions = rewards.filter((pl.col("kind") == "action") & (pl.col("round") == 0))
     for rewriter in sorted(actions["rewriter"].unique().to_list()):
@@ -628,23 +731,79 @@ def build_report(
     return path
 
 
+def _remove_previous(out: Path) -> None:
+    """Remove the PNGs an earlier ``out/report.md`` shows (and the Markdown): a report is replaced whole."""
+    old = out / "report.md"
+    if not old.exists():
+        return
+    for name in re.findall(r"!\[[^\]]*\]\(([^)/]+\.png)\)", old.read_text()):
+        (out / name).unlink(missing_ok=True)
+    old.unlink()
+
+
+def tracked_folder(out: Path) -> bool:
+    """Whether ``out`` lies in a git work tree and is not ignored there: files written into it would show
+    up as untracked changes (``reports/``), unlike ``runs/``, which the repository ignores."""
+    anchor = out.resolve()
+    while not anchor.exists():
+        anchor = anchor.parent
+    try:
+        top = subprocess.run(
+            ["git", "-C", str(anchor), "rev-parse", "--show-toplevel"], capture_output=True, text=True
+        )
+        if top.returncode != 0:
+            return False
+        ignored = subprocess.run(
+            ["git", "-C", top.stdout.strip(), "check-ignore", "-q", str(out.resolve() / "report.md")]
+        )
+    except OSError:  # no git here
+        return False
+    return ignored.returncode == 1
+
+
+def out_problem(out: Path, overwrite: bool) -> str | None:
+    """Why ``--out`` is refused without ``--overwrite``: it holds a report already, or it is a folder of
+    the repository that git tracks."""
+    if overwrite:
+        return None
+    if (out / "report.md").exists():
+        return f"--out {out} already holds a report.md; pass --overwrite to replace it, or another --out"
+    if tracked_folder(out):
+        return (
+            f"--out {out} is inside the repository and not ignored by git (its files would show as "
+            "untracked changes); write under runs/ (e.g. --out runs/report), or pass --overwrite"
+        )
+    return None
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m autoprofiler.report", description=__doc__.splitlines()[0]
     )
     parser.add_argument("table_dir", help="a recording folder with rewards/ (and profiles/)")
-    parser.add_argument("--out", required=True, help="output folder for report.md and PNGs")
+    parser.add_argument(
+        "--out", required=True, help="output folder for report.md and PNGs (e.g. runs/report)"
+    )
     parser.add_argument("--run", default=None, help="a workflows/train.py output folder (optional)")
     parser.add_argument("--tree", default=None, help="a tree JSON to draw (optional)")
     parser.add_argument("--title", default="autoprofiler report")
+    parser.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="replace a report already in --out, or write into a folder git tracks (reports/)",
+    )
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    problem = out_problem(Path(args.out), args.overwrite)
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
     try:
         path = build_report(args.table_dir, args.out, args.run, args.tree, args.title)
-    except (FileNotFoundError, TableSchemaError) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (FileNotFoundError, TableSchemaError, ValueError) as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
-    print(path)
+    print(f"report: {path}")
     return 0
 
 

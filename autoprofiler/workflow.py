@@ -2,16 +2,25 @@
 
 - ``load_config(yaml_path, argv)``: the YAML beside the script gives defaults and types; ``--config
   FILE`` and ``key=value`` overrides (dotted for nested sections) come on top; every unknown key, wrong
-  type and bad value is collected and reported at once (``ConfigError``), before any work starts.
+  type, bad value and stray ``--option`` is collected and reported at once (``ConfigError``), before any
+  work starts.
+- ``resolve_path``: a relative path in a config means the current folder's, else the repository's.
+- ``out_dir_problems`` / ``prepare_out_dir``: a run folder is never reused by accident. A non-empty
+  ``out_dir`` is refused unless ``--resume`` (continue it) or ``--overwrite`` (replace it: only a folder a
+  workflow wrote, one holding ``config.json``); so every output in it, the report included, describes
+  the one run it belongs to.
 - ``select_tasks`` / ``task_problems``: the tasks a config names (a path, id filters, a cap), and what is
   wrong with them, checked with the rest of the config.
-- ``make_runner(cfg)``: the runtime section decides where cells run: Ray (``GpuWorker`` actors; local
-  Ray on a laptop, the cluster under ``ray job submit``) or this process. A machine that cannot run it
-  (no CUDA, no Ray, too few GPUs) raises ``EnvironmentProblem`` naming the fix (scripts exit 3).
+- ``environment_problem`` and ``make_runner(cfg)``: the runtime section decides where cells run: Ray
+  (``GpuWorker`` actors; local Ray on a laptop, the cluster under ``ray job submit``) or this process. A
+  machine that cannot run it (no CUDA, no ncu, no Ray, Ray does not start, too few GPUs) raises
+  ``EnvironmentProblem`` naming the fix (scripts exit 3); what can be checked before Ray starts is.
 - ``save_config(out, cfg)``: the resolved config and the run's provenance (code, torch, Ray, host),
-  written next to the outputs.
+  written next to the outputs; ``config_line`` is the one line a script prints about it.
+- ``run_main(main, argv)``: a script's exit codes: 2 with one line per problem for a ``ConfigError``, 3
+  with the fix for an ``EnvironmentProblem`` (or a profiler's no-ncu / counters-not-permitted error).
 
-Library code: scripts print; this module raises and logs.
+Library code: scripts print (``run_main`` prints for them); the rest of this module raises and logs.
 """
 
 from __future__ import annotations
@@ -19,8 +28,11 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import platform
+import shutil
 import socket
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -28,13 +40,22 @@ from typing import Any
 import yaml
 
 __all__ = [
+    "EXIT_BAD_INPUT",
+    "EXIT_ENVIRONMENT",
+    "REPO",
     "RUNTIME_DEFAULTS",
     "ConfigError",
     "EnvironmentProblem",
+    "config_line",
     "config_rewriter",
     "configure_logging",
+    "environment_problem",
     "load_config",
     "make_runner",
+    "out_dir_problems",
+    "prepare_out_dir",
+    "resolve_path",
+    "run_main",
     "save_config",
     "select_tasks",
     "task_problems",
@@ -42,8 +63,15 @@ __all__ = [
     "worker_spec",
 ]
 
+logger = logging.getLogger(__name__)
+
 #: The ``runtime`` section every workflow config has.
 RUNTIME_DEFAULTS = {"ray": True, "workers": None, "concurrency": 1}
+#: The repository root (``datasets/``, ``trees/``, ``workflows/``).
+REPO = Path(__file__).resolve().parents[1]
+EXIT_BAD_INPUT, EXIT_ENVIRONMENT = 2, 3
+#: Command-line flags every workflow takes; anything else is ``key=value``.
+_FLAGS = {"--config": True, "--resume": False, "--overwrite": False, "-h": False, "--help": False}
 
 
 class ConfigError(ValueError):
@@ -58,12 +86,86 @@ class EnvironmentProblem(RuntimeError):
     """This machine cannot run the config as given (no CUDA, no Ray, too few GPUs); says the fix."""
 
 
-def configure_logging(quiet: Sequence[str] = ("autoprofiler.profiling", "autoprofiler.evaluation")) -> None:
+def configure_logging(
+    quiet: Sequence[str] = ("autoprofiler.profiling", "autoprofiler.evaluation", "autoprofiler.tasks"),
+) -> None:
     """A script's logging: INFO lines with time and logger name on stderr; the ``quiet`` loggers (one line
-    per profiled or evaluated program) from WARNING only."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    per profiled or evaluated program, per folder of tasks loaded) from WARNING only. Ray Data logs four
+    INFO lines per Parquet part it writes (and a "no available CPUs" warning whenever the workers hold
+    every CPU, which is how our actors run): from ERROR only."""
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
     for name in quiet:
         logging.getLogger(name).setLevel(logging.WARNING)
+    os.environ.setdefault("RAY_DATA_DISABLE_PROGRESS_BARS", "1")
+    try:  # Ray Data sets its loggers up when it is imported; set their level after that
+        import ray.data  # noqa: F401
+    except ImportError:
+        return
+    for name in ("ray.data", "ray.data._internal"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def resolve_path(spec: str | Path) -> Path:
+    """A path named in a config: absolute as given; relative: under the current folder when it is there,
+    else under the repository root (a script run from another folder still finds ``datasets/suite``),
+    else under the current folder (an output that does not exist yet)."""
+    path = Path(spec)
+    if path.is_absolute() or path.exists():
+        return path
+    return REPO / path if (REPO / path).exists() else path
+
+
+def _split_flags(argv: Sequence[str], schema: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(argv without stray ``--options``, one problem per stray option): ``--filter relu`` is not how a
+    workflow takes a key, so say how it does (``filter='[relu]'``)."""
+    kept, problems = [], []
+    items = list(argv)
+    i = 0
+    while i < len(items):
+        item = items[i]
+        name, eq, value = item.partition("=")
+        if not item.startswith("-") or name in _FLAGS or _is_number(item):
+            kept.append(item)
+            if name in _FLAGS and _FLAGS[name] and not eq and i + 1 < len(items):
+                kept.append(items[i + 1])  # --config FILE
+                i += 1
+            i += 1
+            continue
+        key = name.lstrip("-").replace("-", "_")
+        if not eq and i + 1 < len(items) and not items[i + 1].startswith("-") and "=" not in items[i + 1]:
+            value, i = items[i + 1], i + 1  # --filter nope: the value goes with the option
+        i += 1
+        if key in schema:
+            shown = (
+                f"[{value}]"
+                if isinstance(schema[key], list) and value and not value.startswith("[")
+                else value
+            )
+            example = f"{key}={shown!r}" if shown else f"{key}=<value>"
+            problems.append(f"{name}: not an option; workflows take key=value overrides, e.g. {example}")
+        else:
+            problems.append(
+                f"{name}: unknown option{_did_you_mean(key, schema)} (options: --config FILE, --resume, "
+                f"--overwrite; settings are key=value with keys {', '.join(schema)})"
+            )
+    return kept, problems
+
+
+def _did_you_mean(name: str, known: Sequence[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _type_ok(default: Any, value: Any) -> bool:
@@ -96,14 +198,19 @@ def load_config(
     Raises:
         ConfigError: every problem, one per line.
     """
-    parser = argparse.ArgumentParser(description=description)
-    parser.add_argument("--config", default=None, help=f"a YAML config (keys as in {Path(yaml_path).name})")
-    parser.add_argument("--resume", action="store_true", help="continue from out_dir's last checkpoint")
-    parser.add_argument("overrides", nargs="*", help="key=value (YAML values; dots for nested keys)")
-    args = parser.parse_intermixed_args(list(argv))
     schema = yaml.safe_load(Path(yaml_path).read_text())
+    parser = argparse.ArgumentParser(
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--config", default=None, help=f"a YAML config (keys as in {Path(yaml_path).name})")
+    parser.add_argument("--resume", action="store_true", help="continue the run already in out_dir")
+    parser.add_argument(
+        "--overwrite", action="store_true", help="replace the run already in out_dir (deletes it first)"
+    )
+    parser.add_argument("overrides", nargs="*", help="key=value (YAML values; dots for nested keys)")
+    kept, problems = _split_flags(argv, schema)
+    args = parser.parse_intermixed_args(kept)
     cfg = json.loads(json.dumps(schema))
-    problems: list[str] = []
     if args.config:
         try:
             given = yaml.safe_load(Path(args.config).read_text()) or {}
@@ -111,7 +218,7 @@ def load_config(
             raise ConfigError([f"--config {args.config}: {exc}"]) from None
         for key, value in given.items():
             if key not in schema:
-                problems.append(f"{args.config}: unknown key {key!r}")
+                problems.append(f"{args.config}: unknown key {key!r}{_did_you_mean(key, schema)}")
             else:
                 cfg[key] = value
     for item in args.overrides:
@@ -126,7 +233,9 @@ def load_config(
             continue
         head, _, rest = key.partition(".")
         if head not in schema:
-            problems.append(f"override {key!r}: unknown key (known: {', '.join(schema)})")
+            problems.append(
+                f"override {key!r}: unknown key{_did_you_mean(head, schema)} (known: {', '.join(schema)})"
+            )
         elif rest:
             if head not in nested:
                 problems.append(f"override {key!r}: {head!r} is not a nested section")
@@ -134,7 +243,8 @@ def load_config(
             known = schema[head] or {}
             if known and rest not in known:
                 problems.append(
-                    f"override {key!r}: unknown key {rest!r} in {head} (known: {', '.join(known)})"
+                    f"override {key!r}: unknown key {rest!r} in {head}{_did_you_mean(rest, known)} "
+                    f"(known: {', '.join(known)})"
                 )
                 continue
             cfg[head] = {**(cfg[head] or {}), rest: value}
@@ -151,13 +261,57 @@ def load_config(
                     expected = type(schema[key][sub]).__name__
                     problems.append(f"{key}.{sub}: expected {expected}, got {v!r} ({type(v).__name__})")
     if "runtime" in cfg:
-        problems += _runtime_problems(cfg["runtime"] or {})
+        problems += _runtime_problems(cfg["runtime"] if isinstance(cfg["runtime"], dict) else {})
+    cfg["resume"] = bool(cfg.get("resume") is True or args.resume)
+    cfg["overwrite"] = bool(cfg.get("overwrite") is True or args.overwrite)
+    if cfg["resume"] and cfg["overwrite"]:
+        problems.append("resume and overwrite: pass one of them (continue the run in out_dir, or replace it)")
     if checks is not None:  # value checks see a config whose types may be wrong: they guard themselves
         problems += checks(cfg)
     if problems:
         raise ConfigError(problems)
-    cfg["resume"] = bool(cfg.get("resume") or args.resume)
     return cfg
+
+
+def out_dir_problems(cfg: dict[str, Any], key: str = "out_dir") -> list[str]:
+    """What stops a run from writing into ``cfg[key]``: a file there, or a folder already holding
+    something when neither ``resume`` nor ``overwrite`` is set; ``overwrite`` only replaces a folder a
+    workflow wrote (it holds ``config.json``) and never the current folder or one above it."""
+    spec = cfg.get(key)
+    if not isinstance(spec, str) or not spec:
+        return []
+    out = Path(spec)
+    if not out.exists():
+        return []
+    if not out.is_dir():
+        return [f"{key}: {spec!r} exists and is not a folder"]
+    held = sorted(p.name for p in out.iterdir())
+    if not held or cfg.get("resume"):
+        return []
+    if cfg.get("overwrite"):
+        if Path.cwd().resolve().is_relative_to(out.resolve()) or out.resolve() == REPO:
+            return [f"{key}: {spec!r} holds the current folder or the repository; it is never replaced"]
+        if not (out / "config.json").exists():
+            return [
+                f"{key}: {spec!r} holds files but no config.json (not a run folder), so --overwrite does "
+                "not delete it; pick another out_dir"
+            ]
+        return []
+    shown = ", ".join(held[:4]) + (f", ... ({len(held)} entries)" if len(held) > 4 else "")
+    return [
+        f"{key}: {spec!r} already holds a run ({shown}); pass --resume to continue it, --overwrite to "
+        f"replace it, or {key}=<a new folder>"
+    ]
+
+
+def prepare_out_dir(cfg: dict[str, Any], key: str = "out_dir") -> Path:
+    """The run folder, created; with ``overwrite`` (checked by ``out_dir_problems``), emptied first."""
+    out = Path(cfg[key])
+    if cfg.get("overwrite") and out.is_dir() and (out / "config.json").exists():
+        shutil.rmtree(out)
+        logger.info("--overwrite: removed the previous run in %s", out)
+    out.mkdir(parents=True, exist_ok=True)
+    return out
 
 
 def _runtime_problems(runtime: dict[str, Any]) -> list[str]:
@@ -169,6 +323,65 @@ def _runtime_problems(runtime: dict[str, Any]) -> list[str]:
     if not isinstance(concurrency, int) or concurrency < 1:
         problems.append(f"runtime.concurrency: expected an integer >= 1, got {concurrency!r}")
     return problems
+
+
+#: Show a progress bar for runner calls of at least this many cells (the learner's decisions ask for a
+#: handful at a time, each a sandboxed evaluation of seconds).
+PROGRESS_FROM = 2
+
+
+def _joins_cluster(runtime: dict[str, Any]) -> bool:
+    """Whether the workers run on a Ray cluster this script joins (``ray job submit`` sets RAY_ADDRESS):
+    then this machine's CUDA and ncu say nothing about theirs."""
+    return bool(runtime.get("ray", True)) and bool(os.environ.get("RAY_ADDRESS"))
+
+
+def environment_problem(device: str, source: str, runtime: dict[str, Any]) -> str | None:
+    """Why this machine cannot run live workers of ``device`` and ``source`` (None: it can, as far as can
+    be told before starting anything): no CUDA device, no ``ncu`` on PATH, Ray not importable."""
+    if runtime.get("ray", True):
+        try:
+            import ray  # noqa: F401
+        except ImportError as exc:
+            return (
+                f"runtime.ray=true but Ray does not import here ({exc}); pip install 'ray[default,data]', "
+                "or set runtime.ray=false to run in this process"
+            )
+    if _joins_cluster(runtime):
+        return None
+    if isinstance(device, str) and device.startswith("cuda") and not _cuda_here():
+        return (
+            f"device={device}: torch sees no CUDA device on this machine; run on a GPU machine (or "
+            "submit to a GPU cluster: docs/cluster.md), or set device=cpu task_size=small"
+        )
+    if source == "ncu" and shutil.which("ncu") is None:
+        return (
+            "source=ncu: the Nsight Compute executable ncu is not on PATH here; install Nsight Compute "
+            "(or add its bin/ folder to PATH), or set source=torch"
+        )
+    return None
+
+
+def _start_ray() -> None:
+    try:
+        from autoprofiler.runtime.ray_driver import init_ray
+
+        init_ray()
+    except ImportError as exc:
+        raise EnvironmentProblem(
+            f"runtime.ray=true but Ray does not import here ({exc}); pip install 'ray[default,data]', "
+            "or set runtime.ray=false to run in this process"
+        ) from None
+    except Exception as exc:  # a cluster that does not answer, a local start that fails
+        where = (
+            f"the cluster at RAY_ADDRESS={os.environ['RAY_ADDRESS']}"
+            if os.environ.get("RAY_ADDRESS")
+            else "a local Ray"
+        )
+        raise EnvironmentProblem(
+            f"Ray did not start ({where}): {type(exc).__name__}: {' '.join(str(exc).split())[:300]}; "
+            "check `ray status`, or set runtime.ray=false to run in this process"
+        ) from None
 
 
 def make_runner(
@@ -183,33 +396,33 @@ def make_runner(
     ``runtime.ray``: start (or join, under ``ray job submit``) Ray and run ``runtime.workers`` actors:
     ``GpuWorker`` actors built from ``spec`` (one per GPU by default), or ``ReplayWorker`` actors over
     ``recording``. Without Ray: one worker in this process. ``None`` for a replay without Ray (the
-    environment's own in-process replay worker).
+    environment's own in-process replay worker). Calls of ``PROGRESS_FROM`` cells or more show a bar.
+
+    Raises:
+        EnvironmentProblem: the machine (or cluster) cannot run it; the message says the fix.
     """
     from autoprofiler.runtime import CellWorker, LocalDriver
 
+    if spec is not None:
+        problem = environment_problem(spec.device, spec.source, runtime)
+        if problem:
+            raise EnvironmentProblem(problem)
     if not runtime.get("ray", True):
         if recording is not None:
             return None
-        if spec.device.startswith("cuda") and not _cuda_here():
-            raise EnvironmentProblem(
-                f"device={spec.device}: torch sees no CUDA device on this machine; run on a GPU machine, "
-                "or set device=cpu task_size=small"
-            )
         concurrency = runtime.get("concurrency", 1)
-        return LocalDriver(CellWorker(spec, rewriter=rewriter), progress=20, concurrency=concurrency)
-    try:
-        from autoprofiler.runtime.ray_driver import RayDriver, init_ray
+        return LocalDriver(
+            CellWorker(spec, rewriter=rewriter), progress=PROGRESS_FROM, concurrency=concurrency
+        )
+    _start_ray()
+    from autoprofiler.runtime.ray_driver import RayDriver
 
-        init_ray()
-    except ImportError as exc:
-        raise EnvironmentProblem(
-            f"runtime.ray=true but Ray does not import here ({exc}); pip install 'ray[default,data]', "
-            "or set runtime.ray=false to run in this process"
-        ) from None
     if recording is not None:
-        return RayDriver.start_replay(str(recording), source, num_workers=runtime.get("workers") or 1)
+        return RayDriver.start_replay(
+            str(recording), source, num_workers=runtime.get("workers") or 1, progress=PROGRESS_FROM
+        )
     try:
-        return RayDriver.start(spec, num_workers=runtime.get("workers"))
+        return RayDriver.start(spec, num_workers=runtime.get("workers"), progress=PROGRESS_FROM)
     except RuntimeError as exc:  # too few GPUs in the cluster for the CUDA workers asked for
         raise EnvironmentProblem(
             f"{exc}; add GPU workers to the cluster (docs/cluster.md), or set device=cpu task_size=small"
@@ -358,3 +571,51 @@ def save_config(out: Path, cfg: dict[str, Any]) -> Path:
     path = out / "config.json"
     path.write_text(json.dumps({**cfg, "provenance": run_provenance()}, indent=2, default=str) + "\n")
     return path
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, list):
+        return "[" + ", ".join(map(str, value)) + "]" if len(value) <= 4 else f"[{len(value)} items]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k}: {v}" for k, v in value.items()) + "}"
+    return str(value)
+
+
+def config_line(path: Path, cfg: dict[str, Any], keys: Sequence[str]) -> str:
+    """One line about a run's config: where the whole of it is, and the few ``keys`` that say what runs.
+
+    >>> config_line(Path("runs/x/config.json"), {"device": "cpu", "filter": ["relu"]}, ["device", "filter"])
+    'config: runs/x/config.json (device=cpu filter=[relu])'
+    """
+    shown = " ".join(f"{k}={_short(cfg[k])}" for k in keys if k in cfg)
+    return f"config: {path} ({shown})"
+
+
+def run_main(main: Callable[[list[str]], int], argv: Sequence[str] | None = None) -> int:
+    """Run a workflow's ``main(argv)`` and turn the problems it raises into exit codes, printing one
+    line each on stderr (this is the scripts' printing, kept in one place): ``ConfigError`` exits 2 (every
+    problem on its own line), ``EnvironmentProblem`` and the profiler's ``NcuNotFound`` /
+    ``CountersNotPermitted`` exit 3 (the message says the fix)."""
+    from autoprofiler.profiling import CountersNotPermitted, NcuNotFound
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return main(argv)
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except (EnvironmentProblem, NcuNotFound, CountersNotPermitted) as exc:
+        print(f"error: {_root_message(exc)}", file=sys.stderr)
+        return EXIT_ENVIRONMENT
+
+
+def _root_message(exc: BaseException) -> str:
+    """The message of ``exc`` on one line; raised in a Ray actor (``RayTaskError``, which Ray makes an
+    instance of the cause's class too), the cause's own message without the remote traceback."""
+    ray = sys.modules.get("ray")
+    if ray is not None:
+        from ray.exceptions import RayTaskError
+
+        if isinstance(exc, RayTaskError) and exc.cause is not None:
+            exc = exc.cause
+    return " ".join(str(exc).split())

@@ -281,17 +281,23 @@ def _write_rewards(directory, rows):
     table.close()
 
 
+HAND_ACTIONS = [
+    {"task": "t0", "action": "keep", "speedup": 1.0},
+    {"task": "t0", "action": "cuda_graph", "speedup": 1.5},
+    {"task": "t1", "action": "keep", "speedup": 1.2},
+    {"task": "t1", "action": "cuda_graph", "speedup": 0.8},
+    {"task": "t2", "action": "cuda_graph", "speedup": 0.25},  # keep never recorded on t2
+]
+
+
 def test_report_states_only_what_the_tables_show(tmp_path):
-    """Actions not recorded on every task: the best-action bound is over the complete tasks only (so it
-    is at least keep's geomean there) and the text says so; an all-tie sweep draws no wins chart."""
+    """Actions not recorded on every task: no "evaluated on every task", no one bound over all of them;
+    each action against the best action per task on its own tasks (never below it); an all-tie sweep
+    draws no wins chart and says so."""
     _write_rewards(
         tmp_path,
         [
-            {"task": "t0", "action": "keep", "speedup": 1.0},
-            {"task": "t0", "action": "cuda_graph", "speedup": 1.5},
-            {"task": "t1", "action": "keep", "speedup": 1.2},
-            {"task": "t1", "action": "cuda_graph", "speedup": 0.8},
-            {"task": "t2", "action": "cuda_graph", "speedup": 0.25},  # keep never recorded on t2
+            *HAND_ACTIONS,
             *[
                 {"task": t, "config": c, "speedup": s}
                 for t, s in (("t0", 1.5), ("t1", 1.2))
@@ -300,16 +306,80 @@ def test_report_states_only_what_the_tables_show(tmp_path):
         ],
     )
     text = build_report(tmp_path, tmp_path / "out").read_text()
-    assert "2 actions over 3 tasks: 2 of them with a row for every action" in text
-    assert "evaluated once on each of" not in text
-    assert "2 of 3 tasks with a row for every action: geomean 1.342x" in text  # sqrt(1.5 * 1.2)
-    assert "the best single action on the same tasks gives 1.095x (cuda_graph = keep)" in text
-    assert "cuda_graph 1, keep 1; tasks where several actions tie for best: 0" in text
-    assert "| keep | 2 | 2 | 1.000 | 1.095 |" in text  # keep on its 2 tasks: sqrt(1.0 * 1.2)
+    assert "2 actions over 3 tasks; 2 of the tasks have a row for every action" in text
+    assert "evaluated once on each of" not in text and "an upper bound" not in text
+    # keep on t0, t1: sqrt(1.0 * 1.2) vs the per-task best there sqrt(1.5 * 1.2); cuda_graph on all three:
+    # (1.5 * 0.8 * 0.25) ** (1/3) vs (1.5 * 1.2 * 0.25) ** (1/3)
+    assert "cuda_graph 0.669x vs 0.766x (3 tasks), keep 1.095x vs 1.342x (2 tasks)" in text
+    assert "strictly best on: cuda_graph 1, keep 1; several tie for best on 0" in text
+    assert "| keep | 2 | 2 | 1.000 | 1.095 | 0.500 | - | 1.342 |" in text
     assert "No configuration is strictly best on any task (ties: 2 of 2), so there is no wins chart" in text
     assert "Best static: **memory** (1.342x; tied with latency)" in text
     pngs = {p.name for p in (tmp_path / "out").glob("*.png")}
     assert pngs == {"actions_rule_v1.png", "static_speedup_rule_v1.png"}
+
+
+def test_best_action_per_task_is_never_below_an_action_on_its_tasks(env):
+    """Per task the best recorded action (a missing one not counted); on every action's own tasks its
+    geomean is at least that action's, on the hand rows and on the fixture's recorded actions."""
+    from autoprofiler.report import best_action_per_task
+
+    hand = pl.DataFrame(HAND_ACTIONS).rename({"task": "task_hash", "speedup": "effective_speedup"})
+    best = best_action_per_task(hand)
+    assert best.rows() == [
+        ("t0", 1.5, 2, ["cuda_graph"]),
+        ("t1", 1.2, 2, ["keep"]),
+        ("t2", 0.25, 1, ["cuda_graph"]),
+    ]
+    actions = reward_frame(FIXTURE / "rewards").filter(pl.col("kind") == "action")
+    per_task = best_action_per_task(actions)
+    joined = actions.join(per_task, on="task_hash")
+    checked = joined.group_by("action").agg(
+        geomean_expr("effective_speedup").alias("alone"), geomean_expr("best").alias("best")
+    )
+    assert checked.height >= 2 and (checked["best"] >= checked["alone"] - 1e-12).all()
+
+
+def test_a_report_replaces_the_previous_one_whole(tmp_path):
+    """A second report into the same folder removes the charts of the first that it does not draw; the
+    CLI refuses a folder holding a report, or one git tracks, unless --overwrite."""
+    _write_rewards(tmp_path / "a", [{"task": t, "config": "memory", "speedup": 1.5} for t in ("t0", "t1")]
+                   + [{"task": "t0", "config": "latency", "speedup": 1.0},
+                      {"task": "t1", "config": "latency", "speedup": 2.0}])  # fmt: skip
+    _write_rewards(
+        tmp_path / "b", [{"task": "t0", "config": c, "speedup": 1.0} for c in ("memory", "latency")]
+    )
+    build_report(tmp_path / "a", tmp_path / "out")
+    assert (tmp_path / "out" / "oracle_wins_rule_v1.png").exists()  # memory wins t0, latency t1
+    build_report(tmp_path / "b", tmp_path / "out")  # one task, a tie: no wins chart
+    assert not (tmp_path / "out" / "oracle_wins_rule_v1.png").exists()
+    assert main([str(tmp_path / "b"), "--out", str(tmp_path / "out")]) == 2
+    assert main([str(tmp_path / "b"), "--out", str(tmp_path / "out"), "--overwrite"]) == 0
+
+
+def test_report_out_in_a_tracked_folder_is_refused(tmp_path, capsys):
+    """``--out reports/x`` in this checkout: git would show the files as untracked; runs/ is ignored."""
+    import shutil
+
+    from autoprofiler.report import out_problem, tracked_folder
+
+    repo = FIXTURE.parents[2]
+    if shutil.which("git") is None or not (repo / ".git").exists():
+        pytest.skip("not a git checkout")
+    assert tracked_folder(repo / "reports" / "never_written") and not tracked_folder(repo / "runs" / "x")
+    assert "write under runs/" in out_problem(repo / "reports" / "never_written", overwrite=False)
+    assert out_problem(repo / "reports" / "never_written", overwrite=True) is None
+    assert not tracked_folder(tmp_path / "r")
+
+
+def test_report_of_a_run_covers_its_tasks_only(tmp_path):
+    """``tasks=``: the tables' rows of other tasks are left out, and the report says it is restricted."""
+    _write_rewards(tmp_path, HAND_ACTIONS)
+    text = build_report(tmp_path, tmp_path / "out", tasks=["t0", "t1"]).read_text()
+    assert "restricted to the 2 tasks of this run" in text and "| reward rows | 4 |" in text
+    assert "Each of the 2 actions was evaluated once on each of the 2 tasks" in text
+    assert "Best action per task, over the 2 tasks: geomean 1.342x, an upper bound" in text
+    assert "the best single action gives 1.095x (cuda_graph = keep)" in text  # sqrt(1.5*0.8) = sqrt(1.2)
 
 
 def test_report_with_a_training_run(tmp_path, env):

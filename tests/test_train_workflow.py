@@ -23,7 +23,7 @@ def _train_module():
     return mod
 
 
-def run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+def run(*args: str, timeout: float = 240, expect: int = 0) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), *args],
@@ -33,9 +33,10 @@ def run(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
         timeout=timeout,
         env=env,
     )
-    assert proc.returncode == 0, (
-        f"train.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == expect, (
+        f"train.py exited {proc.returncode}, expected {expect}:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     )
+    assert "Traceback" not in proc.stdout + proc.stderr, proc.stderr[-3000:]
     return proc
 
 
@@ -71,6 +72,25 @@ def test_config_problems_are_reported_together():
         _train_module().read_config(["learn.error_control=family"])
 
 
+def test_the_tree_probes_and_tasks_are_checked_before_any_work():
+    """An ncu tree with source=torch, a probe of the other source, a learn typo and a missing task
+    folder: one ConfigError naming each, each with what to do (the issue's tracebacks after 15 s)."""
+    from autoprofiler.workflow import ConfigError
+
+    with pytest.raises(ConfigError) as e:
+        _train_module().read_config(
+            ["tree=trees/seed.json", "probe=[memory]", "learn.confidnce=0.9", "tasks=datasets/nope"]
+        )
+    found = e.value.problems
+    assert len(found) == 4, found
+    assert any("unknown key 'confidnce' in learn (did you mean confidence?)" in p for p in found)
+    assert any(p.startswith("tasks: 'datasets/nope' does not load") for p in found)
+    assert any(p.startswith("probe: ['memory'] are not torch configurations") for p in found)
+    assert any("routes on ncu profiles, but source='torch'; pass source=ncu" in p for p in found)
+    with pytest.raises(ConfigError, match="training needs at least 2"):
+        _train_module().read_config(["task_filter=[relu]"])
+
+
 def test_overrides_are_typed_and_nested():
     """key=value values are YAML; dotted keys set one field of a nested section."""
     cfg = _train_module().read_config(
@@ -84,6 +104,8 @@ def test_replay_run_writes_tree_log_evaluation_and_report(tmp_path):
     """On the replay fixture the script learns, judges on held-out tasks and writes every output."""
     out = tmp_path / "run"
     proc = run(*replay_args(out))
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith(f"config: {out}/config.json (environment=replay ") and len(first) < 300
     for name in (
         "config.json",
         "tree.json",
@@ -102,6 +124,12 @@ def test_replay_run_writes_tree_log_evaluation_and_report(tmp_path):
     assert {"blind", "learned_tree", "seed_tree", "oracle", "random"} <= set(ev["summary"])
     assert "best static configuration" in ev["verdict"] and ev["verdict"] in proc.stdout
     assert ev["summary"]["oracle"]["geomean_speedup"] >= ev["summary"]["learned_tree"]["geomean_speedup"]
+    report = (out / "report" / "report.md").read_text()
+    assert f"restricted to the {ev['tasks'] + ev['train_tasks']} tasks of this run" in report
+    again = run(*replay_args(out), expect=2, timeout=60)  # the same out_dir again: refused, nothing touched
+    assert (
+        "already holds a run" in again.stderr and "--resume" in again.stderr and "--overwrite" in again.stderr
+    )
 
 
 def test_resume_continues_the_log(tmp_path):

@@ -17,7 +17,8 @@ On a Ray cluster (docs/cluster.md):
 
     ray job submit --working-dir . -- python workflows/evaluate.py out_dir=/shared/eval ...
 
-Outputs in ``out_dir`` (refused when it already holds ``evaluation.json``, unless ``overwrite=true``):
+Outputs in ``out_dir`` (one that already holds a run is refused unless ``--overwrite``/``overwrite=true``,
+which deletes it first, or ``--resume``, which reuses its tables; exit 2, like every config problem):
 ``config.json`` (resolved config and provenance), ``evaluation.json`` (per (policy, task) rows, per-policy
 summaries, the comparison of each tree with the best static configuration and the oracle) and
 ``report/report.md`` (+ PNGs). A live run also keeps its rows in ``tables`` (default ``out_dir/tables``).
@@ -34,13 +35,20 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # a bare checkout (ray job submit --working-dir .) runs it too
     sys.path.insert(0, str(REPO))
 
+from autoprofiler.runtime.progress import stage  # noqa: E402
 from autoprofiler.workflow import (  # noqa: E402
     ConfigError,
     EnvironmentProblem,
+    config_line,
     config_rewriter,
     configure_logging,
+    environment_problem,
     load_config,
     make_runner,
+    out_dir_problems,
+    prepare_out_dir,
+    resolve_path,
+    run_main,
     save_config,
     select_tasks,
     task_problems,
@@ -52,17 +60,14 @@ CONFIG_PATH = Path(__file__).with_name("evaluate.yaml")
 NESTED = ("rewriter_options", "llm", "eval", "runtime")  # sections that take dotted overrides
 ENVIRONMENTS = ("replay", "live")
 SPLITS = ("test", "train", "all")
-
-
-def _path(spec: str) -> Path:
-    return Path(spec) if Path(spec).is_absolute() else REPO / spec
+SHOWN = ("environment", "tables", "tasks", "filter", "split", "source", "trees", "probe")
 
 
 def tree_names(paths: list[str]) -> dict[str, Path]:
     """``tree:<name>`` -> file: the file's stem, or its folder's name for a ``tree.json`` (a run's)."""
     out: dict[str, Path] = {}
     for spec in paths:
-        path = _path(spec)
+        path = resolve_path(spec)
         name = path.parent.name if path.stem == "tree" else path.stem
         out.setdefault(f"tree:{name}", path)
     return out
@@ -90,18 +95,13 @@ def check(cfg: dict) -> list[str]:
     if cfg["rewriter"] not in ("rule", "openai"):
         problems.append(f"rewriter: expected rule or openai, got {cfg['rewriter']!r}")
     problems += task_problems(
-        _path(cfg["tasks"]) if isinstance(cfg["tasks"], str) else None, cfg["filter"], cfg["max_tasks"]
+        resolve_path(cfg["tasks"]) if isinstance(cfg["tasks"], str) else None, cfg["filter"], cfg["max_tasks"]
     )
-    out = cfg["out_dir"]
-    if isinstance(out, str) and (Path(out) / "evaluation.json").exists() and cfg["overwrite"] is not True:
-        problems.append(
-            f"out_dir: {out!r} already holds evaluation.json; pass overwrite=true or another out_dir"
-        )
     tables = cfg["tables"]
     if cfg["environment"] == "replay":
         if not isinstance(tables, str):
             problems.append("tables: environment=replay needs tables=<a recording folder>")
-        elif not all((_path(tables) / sub).is_dir() for sub in ("rewards", "profiles")):
+        elif not all((resolve_path(tables) / sub).is_dir() for sub in ("rewards", "profiles")):
             problems.append(f"tables: {tables!r} is not a recording (needs rewards/ and profiles/ folders)")
     if cfg["environment"] == "live":
         problems += worker_problems(cfg)
@@ -149,9 +149,14 @@ def _tree_problems(cfg: dict) -> list[str]:
     return problems
 
 
-def read_config(argv: list[str]) -> dict:
-    """evaluate.yaml, then ``--config FILE``, then ``key=value`` overrides; raises ``ConfigError``."""
-    return load_config(CONFIG_PATH, argv, NESTED, check, __doc__)
+def read_config(argv: list[str], claim: bool = False) -> dict:
+    """evaluate.yaml, then ``--config FILE``, then ``key=value`` overrides; raises ``ConfigError``.
+
+    ``claim``: also refuse an ``out_dir`` that holds another run (unless ``overwrite``/``--resume``).
+    """
+    return load_config(
+        CONFIG_PATH, argv, NESTED, lambda c: check(c) + (out_dir_problems(c) if claim else []), __doc__
+    )
 
 
 # --- setup --------------------------------------------------------------------------------------------
@@ -161,11 +166,11 @@ def make_environment(cfg: dict, out: Path):
 
     rewriter = config_rewriter(cfg, out / "llm_cache")
     if cfg["environment"] == "replay":
-        tables = _path(cfg["tables"])
+        tables = resolve_path(cfg["tables"])
         runner = make_runner(cfg["runtime"], recording=tables, source=cfg["source"])
         return ReplayEnvironment(tables, rewriter, cfg["source"], runner=runner), rewriter
     runner = make_runner(cfg["runtime"], worker_spec(cfg), rewriter=rewriter)
-    table_dir = _path(cfg["tables"]) if cfg["tables"] else out / "tables"
+    table_dir = resolve_path(cfg["tables"]) if cfg["tables"] else out / "tables"
     return LiveEnvironment(
         rewriter=rewriter, table_dir=table_dir, runner=runner, source=cfg["source"]
     ), rewriter
@@ -194,29 +199,24 @@ def compare(summary: dict, trees: list[str], probe: list[str], best_static: str 
 
 
 # --- the story ----------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str]) -> int:
     from autoprofiler.analysis import evaluate_policies, split_tasks
     from autoprofiler.policies import Blind, Random, Static, TreePolicy
     from autoprofiler.profiling import CONFIGURATIONS, GROUPS
     from autoprofiler.report import build_report
 
-    argv = sys.argv[1:] if argv is None else list(argv)
     configure_logging()
     started = time.time()
-    try:
-        cfg = read_config(argv)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    out = Path(cfg["out_dir"])
-    print(f"config: {save_config(out, cfg)}", flush=True)
-    all_tasks, report, _ = select_tasks(_path(cfg["tasks"]), cfg["filter"], cfg["max_tasks"])
+    cfg = read_config(argv, claim=True)
+    if cfg["environment"] == "live":
+        problem = environment_problem(cfg["device"], cfg["source"], cfg["runtime"])
+        if problem:
+            raise EnvironmentProblem(problem)
+    out = prepare_out_dir(cfg)
+    print(config_line(save_config(out, cfg), cfg, SHOWN), flush=True)
+    all_tasks, report, _ = select_tasks(resolve_path(cfg["tasks"]), cfg["filter"], cfg["max_tasks"])
     trees = load_trees(cfg["trees"])
-    try:
-        env, rewriter = make_environment(cfg, out)
-    except EnvironmentProblem as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 3
+    env, rewriter = make_environment(cfg, out)
     try:
         # 1. the judged tasks: on a replay, those recorded with every group (so every policy answers)
         tasks = all_tasks
@@ -232,16 +232,14 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         if not judged:
-            print(
-                f"error: split={cfg['split']} leaves no task to judge (of {len(tasks)} usable)",
-                file=sys.stderr,
-            )
-            return 2
+            raise ConfigError([f"split: {cfg['split']} leaves no task to judge (of {len(tasks)} usable)"])
         groups = sorted(g for g, spec in GROUPS.items() if spec.source == cfg["source"])
         if cfg["environment"] == "replay":
             groups = sorted(set(groups) & {g for t in judged for g in env.profiler.recorded_groups(t)})
         else:  # every group of every judged task in one batched profiler run, before the policies route
-            for failure in env.prefetch(judged, groups):
+            with stage("profiling"):
+                failures = env.prefetch(judged, groups)
+            for failure in failures:
                 print(f"profiling failed: {failure}", flush=True)
 
         # 2. every policy on every judged task, all cells at once
@@ -254,7 +252,9 @@ def main(argv: list[str] | None = None) -> int:
             **{name: TreePolicy(tree, name) for name, tree in trees.items()},
             "oracle": probes,
         }
-        rows, summary = evaluate_policies(judged, policies, env, rewriter, cfg["seeds"])
+        print(f"judging {len(policies)} policies on {len(judged)} tasks ...", flush=True)
+        with stage("policies"):
+            rows, summary = evaluate_policies(judged, policies, env, rewriter, cfg["seeds"])
         for name, s in summary.items():
             print(
                 f"{name:>28}: geomean {s.get('geomean_speedup', float('nan')):.3f}x, accuracy "
@@ -282,7 +282,12 @@ def main(argv: list[str] | None = None) -> int:
     tables = env.recording if cfg["environment"] == "replay" else env.table_dir
     first_path = next(iter(tree_names(cfg["trees"]).values()), None)
     path = build_report(
-        tables, out / "report", run_dir=out, tree_path=first_path, title=f"evaluation {out.name}"
+        tables,
+        out / "report",
+        run_dir=out,
+        tree_path=first_path,
+        title=f"evaluation {out.name}",
+        tasks=[t.hash for t in judged],
     )
     print(
         f"evaluation: {out / 'evaluation.json'}\nreport: {path}\ndone in {time.time() - started:.0f}s",
@@ -292,4 +297,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

@@ -9,15 +9,19 @@ Run (embedded default: two suite tasks on CPU with torch.profiler, GpuWorker act
     python workflows/oracle_sweep.py --config workflows/oracle_sweep.yaml key=value ...   # dotted for nesting
     python workflows/oracle_sweep.py out_dir=runs/rec filter='[relu, softmax_rows]' runtime.ray=false
 
-On the H200 (no Ray there: in this process; resumable, run it again to continue after a stop):
+On the H200 (no Ray there: in this process; resumable: after a stop, ``--resume`` continues it):
 
-    python3 workflows/oracle_sweep.py --config workflows/oracle_sweep_h200.yaml max_seconds=540
+    python3 workflows/oracle_sweep.py --config workflows/oracle_sweep_h200.yaml max_seconds=540 --resume
 
 On a Ray cluster (docs/cluster.md):
 
     ray job submit --working-dir . -- python workflows/oracle_sweep.py out_dir=/shared/rec ...
 
 Analysis only, from tables already recorded (no GPU): ``analyse_only=true``.
+
+An ``out_dir`` that already holds a recording is refused unless ``--resume`` (continue it; every row
+is keyed, so nothing is evaluated twice) or ``--overwrite`` (delete it first). Exit codes: 0 done, 2 a
+config problem (one line each, before any work), 3 the machine cannot run it (no CUDA, no ncu, Ray).
 
 Outputs in ``out_dir``: ``profiles/``, ``rewards/``, ``candidates/`` (Parquet, partitioned by run),
 ``config.json`` (this call's resolved config and provenance), ``summary.json`` (this call's counts and
@@ -38,12 +42,18 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # a bare checkout (the GPU machine, ray job submit --working-dir .) runs it too
     sys.path.insert(0, str(REPO))
 
+from autoprofiler.runtime.progress import stage  # noqa: E402
 from autoprofiler.workflow import (  # noqa: E402
-    ConfigError,
     EnvironmentProblem,
+    config_line,
     configure_logging,
+    environment_problem,
     load_config,
     make_runner,
+    out_dir_problems,
+    prepare_out_dir,
+    resolve_path,
+    run_main,
     save_config,
     select_tasks,
     task_problems,
@@ -53,10 +63,7 @@ from autoprofiler.workflow import (  # noqa: E402
 
 CONFIG_PATH = Path(__file__).with_name("oracle_sweep.yaml")
 NESTED = ("rewriter_options", "eval", "runtime")  # sections that take dotted overrides
-
-
-def _path(spec: str) -> Path:
-    return Path(spec) if Path(spec).is_absolute() else REPO / spec
+SHOWN = ("tasks", "filter", "source", "device", "task_size", "groups", "actions", "joint")
 
 
 def _source_groups(source: str) -> list[str]:
@@ -81,7 +88,7 @@ def check(cfg: dict) -> list[str]:
 
     problems = worker_problems(cfg)
     problems += task_problems(
-        _path(cfg["tasks"]) if isinstance(cfg["tasks"], str) else None, cfg["filter"], cfg["max_tasks"]
+        resolve_path(cfg["tasks"]) if isinstance(cfg["tasks"], str) else None, cfg["filter"], cfg["max_tasks"]
     )
     if isinstance(cfg["groups"], list) and cfg["source"] in ("ncu", "torch"):
         unknown = [g for g in cfg["groups"] if g not in _source_groups(cfg["source"])]
@@ -108,9 +115,17 @@ def check(cfg: dict) -> list[str]:
     return problems
 
 
-def read_config(argv: list[str]) -> dict:
-    """oracle_sweep.yaml, then ``--config FILE``, then ``key=value`` overrides; raises ``ConfigError``."""
-    return load_config(CONFIG_PATH, argv, NESTED, check, __doc__)
+def read_config(argv: list[str], claim: bool = False) -> dict:
+    """oracle_sweep.yaml, then ``--config FILE``, then ``key=value`` overrides; raises ``ConfigError``.
+
+    ``claim``: also refuse an ``out_dir`` that holds a recording already, unless ``--resume`` (continue
+    it: every row is keyed) or ``--overwrite`` (``analyse_only`` reads the recording there: never refused).
+    """
+
+    def checks(cfg: dict) -> list[str]:
+        return check(cfg) + (out_dir_problems(cfg) if claim and cfg["analyse_only"] is not True else [])
+
+    return load_config(CONFIG_PATH, argv, NESTED, checks, __doc__)
 
 
 # --- recording ----------------------------------------------------------------------------------------
@@ -247,19 +262,16 @@ def analyse(cfg: dict, argv: list[str], tasks: list, out: Path, summary: dict) -
 
 
 # --- the story ----------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
-    from autoprofiler.profiling import CountersNotPermitted, NcuNotFound
-
-    argv = sys.argv[1:] if argv is None else list(argv)
+def main(argv: list[str]) -> int:
     configure_logging()
     started = time.time()
-    try:
-        cfg = read_config(argv)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
+    cfg = read_config(argv, claim=True)
+    if not cfg["analyse_only"]:
+        problem = environment_problem(cfg["device"], cfg["source"], cfg["runtime"])
+        if problem:
+            raise EnvironmentProblem(problem)
     out = Path(cfg["out_dir"])
-    tasks, report, _ = select_tasks(_path(cfg["tasks"]), cfg["filter"], cfg["max_tasks"])
+    tasks, report, _ = select_tasks(resolve_path(cfg["tasks"]), cfg["filter"], cfg["max_tasks"])
     print(f"tasks: {len(tasks)} ({len(report.errors)} failed to load); recording: {out}", flush=True)
 
     # 1. record (resumable: every row is keyed), unless only analysing
@@ -267,21 +279,23 @@ def main(argv: list[str] | None = None) -> int:
     if cfg["analyse_only"]:
         summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     else:
-        print(f"config: {save_config(out, cfg)}", flush=True)
-        try:
+        prepare_out_dir(cfg)
+        print(config_line(save_config(out, cfg), cfg, SHOWN), flush=True)
+        with stage("recording"):
             summary = record_suite(cfg, tasks, out)
-        except (EnvironmentProblem, NcuNotFound, CountersNotPermitted) as exc:
-            print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
-            return 3
         summary_path.write_text(json.dumps(summary, indent=1, default=str) + "\n")
-        counts = {k: v for k, v in summary.items() if k not in ("failures", "provenance")}
-        print(f"recorded: {json.dumps(counts, default=str)}", flush=True)
+        print(
+            f"recorded in {summary['seconds']:.0f} s: {summary['profile_rows']} profile rows, "
+            f"{summary['reward_rows']} reward rows ({summary['evaluations']} new evaluations), "
+            f"{len(summary['failures'])} failures (all counts: {summary_path})",
+            flush=True,
+        )
         for failure in summary["failures"]:
-            print(f"  failure: {failure}", flush=True)
+            print(f"  failure: {failure['task_id']} {failure['stage']}: {failure['error'][:200]}", flush=True)
         if not summary["complete"]:
-            print("stopped before the end (max_seconds): run the same command again to continue", flush=True)
+            print("stopped before the end (max_seconds): run the same command with --resume to continue")
     if not (out / "rewards").is_dir():  # stopped before the first evaluation
-        print(f"no reward rows yet under {out}: run the same command again to continue; nothing to analyse")
+        print(f"no reward rows yet under {out}: run the same command with --resume to continue")
         return 0
 
     # 2. analyse what the recording holds
@@ -291,4 +305,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

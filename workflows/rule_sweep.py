@@ -17,8 +17,9 @@ On a Ray cluster (docs/cluster.md):
     ray job submit --working-dir . -- python workflows/rule_sweep.py out_dir=/shared/rules device=cuda ...
 
 Outputs in ``out_dir``: ``config.json`` (resolved config and provenance), ``tables/`` (the action rows,
-reward schema, keyed by task, action and seed: a second run reuses them, so change the evaluation
-settings with a new ``out_dir``), ``tables_tf32_tol<t>/`` (the loose-tolerance tf32 rows),
+reward schema, keyed by task, action and seed: ``--resume`` continues a stopped sweep and reuses them,
+so change the evaluation settings with a new ``out_dir``; an ``out_dir`` holding a sweep is refused
+without ``--resume`` or ``--overwrite``), ``tables_tf32_tol<t>/`` (the loose-tolerance tf32 rows),
 ``rule_actions.json`` (every evaluation and the per-action summary) and ``rule_actions.md`` (both as
 tables).
 """
@@ -34,12 +35,18 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # a bare checkout (the GPU machine, ray job submit --working-dir .) runs it too
     sys.path.insert(0, str(REPO))
 
+from autoprofiler.runtime.progress import stage  # noqa: E402
 from autoprofiler.workflow import (  # noqa: E402
-    ConfigError,
     EnvironmentProblem,
+    config_line,
     configure_logging,
+    environment_problem,
     load_config,
     make_runner,
+    out_dir_problems,
+    prepare_out_dir,
+    resolve_path,
+    run_main,
     save_config,
     select_tasks,
     task_problems,
@@ -62,9 +69,7 @@ OUTCOME_FIELDS = (
     "eval_seconds",
 )
 
-
-def _path(spec: str) -> Path:
-    return Path(spec) if Path(spec).is_absolute() else REPO / spec
+SHOWN = ("tasks", "filter", "actions", "device", "task_size", "tf32_tolerance")
 
 
 def check(cfg: dict) -> list[str]:
@@ -73,7 +78,7 @@ def check(cfg: dict) -> list[str]:
 
     problems = worker_problems(cfg)
     problems += task_problems(
-        _path(cfg["tasks"]) if isinstance(cfg["tasks"], str) else None, cfg["filter"], cfg["max_tasks"]
+        resolve_path(cfg["tasks"]) if isinstance(cfg["tasks"], str) else None, cfg["filter"], cfg["max_tasks"]
     )
     if isinstance(cfg["actions"], list):
         unknown = [a for a in cfg["actions"] if a not in RuleRewriter.actions()]
@@ -88,9 +93,14 @@ def check(cfg: dict) -> list[str]:
     return problems
 
 
-def read_config(argv: list[str]) -> dict:
-    """rule_sweep.yaml, then ``--config FILE``, then ``key=value`` overrides; raises ``ConfigError``."""
-    return load_config(CONFIG_PATH, argv, NESTED, check, __doc__)
+def read_config(argv: list[str], claim: bool = False) -> dict:
+    """rule_sweep.yaml, then ``--config FILE``, then ``key=value`` overrides; raises ``ConfigError``.
+
+    ``claim``: also refuse an ``out_dir`` that holds another sweep (unless ``--resume`` or ``--overwrite``).
+    """
+    return load_config(
+        CONFIG_PATH, argv, NESTED, lambda c: check(c) + (out_dir_problems(c) if claim else []), __doc__
+    )
 
 
 # --- the sweep ----------------------------------------------------------------------------------------
@@ -174,20 +184,19 @@ def render_markdown(rows: list[dict], header: str) -> str:
 
 
 # --- the story ----------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    configure_logging()
-    started = time.time()
-    try:
-        cfg = read_config(argv)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    out = Path(cfg["out_dir"])
-    print(f"config: {save_config(out, cfg)}", flush=True)
+def main(argv: list[str]) -> int:
     from autoprofiler.rewriters import RuleRewriter
 
-    tasks, report, _ = select_tasks(_path(cfg["tasks"]), cfg["filter"], cfg["max_tasks"])
+    configure_logging()
+    started = time.time()
+    cfg = read_config(argv, claim=True)
+    problem = environment_problem(cfg["device"], "torch", cfg["runtime"])
+    if problem:
+        raise EnvironmentProblem(problem)
+    out = prepare_out_dir(cfg)
+    print(config_line(save_config(out, cfg), cfg, SHOWN), flush=True)
+
+    tasks, report, _ = select_tasks(resolve_path(cfg["tasks"]), cfg["filter"], cfg["max_tasks"])
     actions = list(cfg["actions"] or RuleRewriter.actions())
     print(
         f"tasks: {len(tasks)} ({len(report.errors)} failed to load); actions: {', '.join(actions)}",
@@ -197,17 +206,15 @@ def main(argv: list[str] | None = None) -> int:
     # 1. every (task, action) cell, then tf32 again at the loose tolerance (rows in their own table:
     # the tolerance is not part of a row's key)
     tolerance = cfg["tf32_tolerance"]
-    try:
+    with stage("actions"):
         rows, provenance = sweep(cfg, tasks, actions, out / "tables", "")
-        if tolerance is not None and "tf32" in actions:
+    if tolerance is not None and "tf32" in actions:
+        with stage(f"tf32 at {tolerance:g}"):
             loose, _ = sweep(
                 cfg, tasks, ["tf32"], out / f"tables_tf32_tol{tolerance:g}", f"tf32@{tolerance:g}",
                 atol=float(tolerance), rtol=float(tolerance),
             )  # fmt: skip
-            rows += loose
-    except EnvironmentProblem as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 3
+        rows += loose
 
     # 2. the tables
     seconds = round(time.time() - started, 1)
@@ -224,10 +231,13 @@ def main(argv: list[str] | None = None) -> int:
     print(text, flush=True)
     missing = sum(bool(r["missing"]) for r in rows)
     if missing:
-        print(f"{missing} cell(s) have no row (see the error column); run again to retry them", flush=True)
+        print(
+            f"{missing} cell(s) have no row (see the error column); run again with --resume to retry them",
+            flush=True,
+        )
     print(f"wrote {out / 'rule_actions.json'} and {out / 'rule_actions.md'} in {seconds:.0f}s", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

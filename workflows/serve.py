@@ -13,7 +13,8 @@ HAProxy ingress instead of its Python proxy: several times less CPU per request,
 ``bench/results/serve_latency.md``; only when this script starts Ray); any application arg
 (``autoprofiler.serving.settings.ServeSettings``: ``tree``, ``workers``, ``device``, ``eval``, ...).
 Every problem is reported at once (exit 2); a non-loopback host without a token is refused (exit 2);
-Ray or Serve failing to start exits 3.
+workers on a CUDA device this machine (or the cluster) does not have, or Ray or Serve failing to start,
+exit 3 with one line, before any replica starts.
 """
 
 from __future__ import annotations
@@ -106,14 +107,29 @@ def main(argv: list[str]) -> int:
     except SettingsError as exc:
         print("error: " + "; ".join(exc.problems), file=sys.stderr)
         return EXIT_BAD_INPUT
+    from autoprofiler.workflow import environment_problem
+
+    runtime = {"ray": True}
+    problem = environment_problem(settings.device, "torch", runtime) if settings.workers else None
+    if problem:  # before Ray starts: a replica that cannot start would be retried, tracebacks and all
+        print(f"error: {problem} (or workers=0 for a route-only service)", file=sys.stderr)
+        return EXIT_ENVIRONMENT
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     from ray import serve
 
-    from autoprofiler.runtime.ray_driver import init_ray
+    from autoprofiler.runtime.ray_driver import cluster_gpus, init_ray
     from autoprofiler.serving.app import build_app
 
     try:
         init_ray(quiet=False)
+        wanted = settings.workers if settings.device.startswith("cuda") else 0
+        if wanted > cluster_gpus():
+            print(
+                f"error: workers={settings.workers} on {settings.device} need {wanted} GPUs; the Ray cluster "
+                f"has {cluster_gpus()}; add GPU workers (docs/cluster.md), set device=cpu, or workers=0",
+                file=sys.stderr,
+            )
+            return EXIT_ENVIRONMENT
         serve.start(http_options={"host": host, "port": port})
         serve.run(
             build_app(settings, service_options, optimizer_options),

@@ -11,13 +11,17 @@ Run (embedded default: CPU, torch.profiler, rule rewriter, no GPU, no LLM; a few
 Outputs in ``out_dir``: ``config.json`` (the resolved config), ``tree.json`` (the learned tree),
 ``proposals.jsonl`` (every proposal: statistics, accepted or why not), ``state.json`` (checkpoint),
 ``evaluation.json`` (held-out policy comparison), ``oracle.json``, ``refinement.json`` (when asked),
-``report/report.md`` (+ PNGs). Live runs also write their recording to ``tables`` (``out_dir/tables``).
+``report/report.md`` (+ PNGs, about this run's tasks only). Live runs also write their recording to
+``tables`` (``out_dir/tables``). An ``out_dir`` that already holds a run is refused: ``--resume``
+continues it from its checkpoint, ``--overwrite`` deletes it first.
+
+Exit codes: 0 done; 2 a config problem (every one on its own line, before any work); 3 this machine
+cannot run it (no CUDA, no ncu, Ray does not start), with the fix.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 import sys
 import time
 from pathlib import Path
@@ -26,44 +30,76 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # a bare checkout (ray job submit --working-dir .) runs it too
     sys.path.insert(0, str(REPO))
 
+from autoprofiler.runtime.progress import stage  # noqa: E402
 from autoprofiler.workflow import (  # noqa: E402
     ConfigError,
     EnvironmentProblem,
+    config_line,
+    config_rewriter,
+    configure_logging,
+    environment_problem,
     load_config,
     make_runner,
+    out_dir_problems,
+    prepare_out_dir,
+    resolve_path,
+    run_main,
     save_config,
+    select_tasks,
+    task_problems,
+    worker_problems,
+    worker_spec,
 )
 
 CONFIG_PATH = Path(__file__).with_name("train.yaml")
 ENVIRONMENTS = ("live", "replay", "auto")
 NESTED = ("rewriter_options", "llm", "eval", "learn", "lone_budget", "runtime")  # dotted overrides
-
-
-def _path(spec: str) -> Path:
-    return Path(spec) if Path(spec).is_absolute() else REPO / spec
+SHOWN = ("environment", "tasks", "task_filter", "max_tasks", "source", "device", "tree", "rewriter")
 
 
 def check(cfg: dict) -> list[str]:
-    """Problems with values, paths and the starting tree, found before any work starts."""
+    """Problems with values, paths, the tasks and the starting tree, found before any work starts."""
+    from autoprofiler.profiling import CONFIGURATIONS, GROUPS
+
     problems = []
     if cfg["environment"] not in ENVIRONMENTS:
         problems.append(f"environment: expected one of {ENVIRONMENTS}, got {cfg['environment']!r}")
     if cfg["proposer"] not in ("statistical", "llm"):
         problems.append(f"proposer: expected statistical or llm, got {cfg['proposer']!r}")
+    if cfg["rewriter"] not in ("rule", "openai"):
+        problems.append(f"rewriter: expected rule or openai, got {cfg['rewriter']!r}")
     fraction = cfg["test_fraction"]
     if isinstance(fraction, int | float) and not 0 < fraction < 1:
         problems.append(f"test_fraction: expected a number in (0, 1), got {fraction!r}")
-    if isinstance(cfg["tasks"], str) and not _path(cfg["tasks"]).exists():
-        problems.append(f"tasks: {cfg['tasks']!r} does not exist")
-    if cfg["environment"] == "replay" and not cfg["tables"]:
+    tasks = resolve_path(cfg["tasks"]) if isinstance(cfg["tasks"], str) else None
+    problems += task_problems(tasks, cfg["task_filter"], cfg["max_tasks"], filter_key="task_filter")
+    if not problems and tasks is not None:
+        chosen, _, _ = select_tasks(tasks, cfg["task_filter"], cfg["max_tasks"])
+        if len(chosen) < 2:
+            problems.append(
+                f"tasks: {len(chosen)} selected; training needs at least 2 (one to learn on, one held out)"
+            )
+    tables = cfg["tables"]
+    if cfg["environment"] == "replay" and not tables:
         problems.append("tables: environment=replay needs tables=<a recording folder>")
-    if cfg["tables"] and cfg["environment"] == "replay" and not (_path(cfg["tables"]) / "rewards").is_dir():
-        problems.append(f"tables: {cfg['tables']!r} is not a recording (no rewards/ folder)")
+    elif isinstance(tables, str) and cfg["environment"] == "replay":
+        if not all((resolve_path(tables) / sub).is_dir() for sub in ("rewards", "profiles")):
+            problems.append(f"tables: {tables!r} is not a recording (needs rewards/ and profiles/ folders)")
+    if cfg["environment"] == "live":
+        problems += worker_problems(cfg)
+    if isinstance(cfg["probe"], list) and isinstance(cfg["source"], str):
+        mine = [
+            n
+            for n, groups in CONFIGURATIONS.items()
+            if all(GROUPS[g].source == cfg["source"] for g in groups)
+        ]
+        unknown = [p for p in cfg["probe"] if p not in mine]
+        if unknown:
+            problems.append(
+                f"probe: {unknown} are not {cfg['source']} configurations (known: {', '.join(mine)})"
+            )
     if isinstance(cfg["tree"], str) and isinstance(cfg["source"], str):
-        try:
-            initial_tree(cfg)
-        except Exception as exc:  # TreeError, OSError: name the key and the reason, no traceback
-            problems.append(f"tree: {cfg['tree']!r} does not load: {' '.join(str(exc).split())[:400]}")
+        problems += _tree_problems(cfg)
     if isinstance(cfg["learn"], dict):
         from autoprofiler.learning import LearnConfig
 
@@ -74,64 +110,54 @@ def check(cfg: dict) -> list[str]:
     return problems
 
 
-def read_config(argv: list[str]) -> dict:
-    """train.yaml, then ``--config FILE``, then ``key=value`` overrides; raises ``ConfigError``."""
-    return load_config(CONFIG_PATH, argv, NESTED, check, __doc__)
+def _tree_problems(cfg: dict) -> list[str]:
+    try:
+        tree = initial_tree(cfg)
+    except Exception as exc:  # TreeError, OSError, JSON errors: name the key and the reason, no traceback
+        return [f"tree: {cfg['tree']!r} does not load: {' '.join(str(exc).split())[:400]}"]
+    if tree.source != cfg["source"]:
+        other = "trees/seed.json" if cfg["source"] == "ncu" else "trees/seed_torch.json"
+        return [
+            f"tree: {cfg['tree']!r} routes on {tree.source} profiles, but source={cfg['source']!r}; "
+            f"pass source={tree.source} or a {cfg['source']} tree ({other}, lone:...)"
+        ]
+    return []
+
+
+def read_config(argv: list[str], claim: bool = False) -> dict:
+    """train.yaml, then ``--config FILE``, then ``key=value`` overrides; raises ``ConfigError``.
+
+    ``claim``: also refuse an ``out_dir`` that holds another run (unless ``--resume`` or ``--overwrite``).
+    """
+    return load_config(
+        CONFIG_PATH, argv, NESTED, lambda c: check(c) + (out_dir_problems(c) if claim else []), __doc__
+    )
 
 
 # --- setup --------------------------------------------------------------------------------------------
-def select_tasks(cfg: dict):
-    from autoprofiler.tasks import load_tasks
-
-    report = load_tasks(_path(cfg["tasks"]))
-    tasks = list(report.tasks)
-    if cfg["task_filter"]:
-        wanted = list(cfg["task_filter"])
-        tasks = [t for t in tasks if t.id.split("/")[-1] in wanted or t.id in wanted]
-    if cfg["max_tasks"]:
-        tasks = tasks[: cfg["max_tasks"]]
-    return tasks, report
+def environment_kind(cfg: dict) -> str:
+    """``live`` or ``replay`` (``auto``: replay when ``tables`` holds a recording)."""
+    if cfg["environment"] != "auto":
+        return cfg["environment"]
+    tables = resolve_path(cfg["tables"]) if cfg["tables"] else None
+    recorded = tables is not None and (tables / "rewards").is_dir() and (tables / "profiles").is_dir()
+    return "replay" if recorded else "live"
 
 
-def make_environment(cfg: dict, out: Path):
-    """(environment, rewriter, kind): a replay of a recording, or live workers (Ray actors by default)."""
+def make_environment(cfg: dict, kind: str, out: Path):
+    """(environment, rewriter): a replay of a recording, or live workers (Ray actors by default)."""
     from autoprofiler.environments import LiveEnvironment, ReplayEnvironment
-    from autoprofiler.rewriters import make_rewriter
-    from autoprofiler.runtime import WorkerSpec
 
-    options = dict(cfg["rewriter_options"] or {})
-    llm = cfg["llm"] or {}
-    if cfg["rewriter"] == "openai":
-        from autoprofiler.llm import ChatClient
-
-        cache = str(out / "llm_cache") if llm.get("cache") else False
-        options.setdefault(
-            "client", ChatClient(base_url=llm.get("base_url"), model=llm.get("model"), cache=cache)
-        )
-    rewriter = make_rewriter(cfg["rewriter"], **options)
-    tables = _path(cfg["tables"]) if cfg["tables"] else None
-    kind = cfg["environment"]
-    if kind == "auto":
-        recorded = tables and (tables / "rewards").is_dir() and (tables / "profiles").is_dir()
-        kind = "replay" if recorded else "live"
+    rewriter = config_rewriter(cfg, out / "llm_cache")
+    tables = resolve_path(cfg["tables"]) if cfg["tables"] else None
     if kind == "replay":
         runner = make_runner(cfg["runtime"], recording=tables, source=cfg["source"])
-        return ReplayEnvironment(tables, rewriter, cfg["source"], runner=runner), rewriter, kind
-    spec = WorkerSpec(
-        device=cfg["device"],
-        task_size=cfg["task_size"],
-        source=cfg["source"],
-        eval=dict(cfg["eval"] or {}),
-        rewriter=cfg["rewriter"],
-        rewriter_options=dict(cfg["rewriter_options"] or {}),
-        llm={k: v for k, v in llm.items() if k in ("base_url", "model")},
-        concurrency=cfg["runtime"].get("concurrency", 1),
-    )
-    runner = make_runner(cfg["runtime"], spec, rewriter=rewriter)
+        return ReplayEnvironment(tables, rewriter, cfg["source"], runner=runner), rewriter
+    runner = make_runner(cfg["runtime"], worker_spec(cfg), rewriter=rewriter)
     env = LiveEnvironment(
         rewriter=rewriter, table_dir=tables or out / "tables", runner=runner, source=cfg["source"]
     )
-    return env, rewriter, kind
+    return env, rewriter
 
 
 def make_proposer(cfg: dict, out: Path):
@@ -172,11 +198,11 @@ def initial_tree(cfg: dict):
             "nodes": [{"id": "all", "type": "leaf", "groups": groups}],
         }
         return load_tree(data, catalog=GROUPS)
-    return load_tree(_path(spec), catalog=GROUPS)
+    return load_tree(resolve_path(spec), catalog=GROUPS)
 
 
 # --- the story ----------------------------------------------------------------------------------------
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str]) -> int:
     from autoprofiler.analysis import evaluate_policies, oracle_analysis, outcome_matrix, refine, split_tasks
     from autoprofiler.learning import LearnConfig, Learner
     from autoprofiler.policies import Blind, Random, Static, TreePolicy
@@ -185,67 +211,82 @@ def main(argv: list[str] | None = None) -> int:
     from autoprofiler.rewards import configuration_name
     from autoprofiler.tree import save_tree
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    for noisy in ("autoprofiler.profiling", "autoprofiler.evaluation"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    configure_logging()
     started = time.time()
-    try:
-        cfg = read_config(sys.argv[1:] if argv is None else argv)
-    except ConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    out = Path(cfg["out_dir"])
-    print(f"config: {save_config(out, cfg)}", flush=True)
+    # 0. everything that can be checked before any work: config, paths, tasks, tree, out_dir, machine
+    cfg = read_config(argv, claim=True)
+    kind = environment_kind(cfg)
+    if kind == "live":
+        problem = environment_problem(cfg["device"], cfg["source"], cfg["runtime"])
+        if problem:
+            raise EnvironmentProblem(problem)
+    out = prepare_out_dir(cfg)
+    print(config_line(save_config(out, cfg), {**cfg, "environment": kind}, SHOWN), flush=True)
 
     # 1. tasks, split fixed by task-id hash
-    tasks, report = select_tasks(cfg)
+    tasks, report, _ = select_tasks(resolve_path(cfg["tasks"]), cfg["task_filter"], cfg["max_tasks"])
+    env, rewriter = make_environment(cfg, kind, out)
     try:
-        env, rewriter, kind = make_environment(cfg, out)
-    except EnvironmentProblem as exc:  # e.g. device=cuda where there is none: one line, the fix
-        print(f"error: {exc}", file=sys.stderr)
-        return 3
-    if kind == "replay":  # judge every policy on the same tasks: those recorded with every group
-        tasks, lacking = env.fully_recorded(tasks)
-        for task_id, missing in lacking.items():
-            print(f"not used: {task_id} (recorded groups lack {missing})", flush=True)
-    train, test = split_tasks(tasks, cfg["test_fraction"])
-    if not test and len(train) > 1:
-        test = [train.pop()]
-    print(
-        f"environment: {kind}; tasks: {len(tasks)} ({len(train)} train, {len(test)} test; "
-        f"{len(report.errors)} failed to load)",
-        flush=True,
-    )
-    if not train:
-        raise SystemExit(f"no training tasks (tasks={cfg['tasks']!r}, filter={cfg['task_filter']!r})")
-    groups = sorted({g for g, spec in GROUPS.items() if spec.source == cfg["source"]})
-    if kind == "replay":
-        groups = sorted(set(groups) & {g for t in train for g in env.profiler.recorded_groups(t)})
-    else:  # profile every task with every group up front: one batched profiler run
-        for failure in env.prefetch(tasks, groups):
-            print(f"profiling failed: {failure}", flush=True)
+        if kind == "replay":  # judge every policy on the same tasks: those recorded with every group
+            tasks, lacking = env.fully_recorded(tasks)
+            for task_id, missing in lacking.items():
+                print(f"not used: {task_id} (recorded groups lack {missing})", flush=True)
+        train, test = split_tasks(tasks, cfg["test_fraction"])
+        if not test and len(train) > 1:
+            test = [train.pop()]
+        print(
+            f"tasks: {len(tasks)} ({len(train)} train, {len(test)} held out; {len(report.errors)} failed to "
+            "load)",
+            flush=True,
+        )
+        if not train or not test:
+            raise ConfigError(
+                [f"tasks: {len(tasks)} usable; training needs one to learn on and one held out"]
+            )
+        groups = sorted({g for g, spec in GROUPS.items() if spec.source == cfg["source"]})
+        if kind == "replay":
+            groups = sorted(set(groups) & {g for t in train for g in env.profiler.recorded_groups(t)})
+        else:  # profile every task with every group up front: one batched profiler run
+            print(f"profiling {len(tasks)} tasks with {len(groups)} groups ...", flush=True)
+            with stage("profiling"):
+                failures = env.prefetch(tasks, groups)
+            for failure in failures:
+                print(f"profiling failed: {failure['task_id']}: {failure['error'][:300]}", flush=True)
+            if len({f["task_id"] for f in failures} & {t.id for t in train}) == len(train):
+                raise EnvironmentProblem(
+                    f"profiling failed for every training task (first: {failures[0]['error'][:300]}); "
+                    "check that `autoprofiler profile` works on one of them here"
+                )
 
-    # 2. learn
-    tree0 = initial_tree(cfg)
-    probes = {name: tuple(CONFIGURATIONS[name]) for name in cfg["probe"]}
-    learner = Learner(
-        env,
-        train,
-        make_proposer(cfg, out),
-        LearnConfig(**(cfg["learn"] or {})),
-        out_dir=out,
-        rewriter=rewriter,
-        catalog=GROUPS,
-        probe_configurations=probes,
-        groups=groups,
-    )
-    try:
-        tree = learner.fit(tree0, resume=cfg["resume"])
+        # 2. learn: the probe sweep, then one decision per proposal (one log line each)
+        tree0 = initial_tree(cfg)
+        probes = {name: tuple(CONFIGURATIONS[name]) for name in cfg["probe"]}
+        learn = LearnConfig(**(cfg["learn"] or {}))
+        print(
+            f"learning on {len(train)} tasks: probe sweep of {len(probes)} configurations, then up to "
+            f"{learn.max_decisions} decisions",
+            flush=True,
+        )
+        learner = Learner(
+            env,
+            train,
+            make_proposer(cfg, out),
+            learn,
+            out_dir=out,
+            rewriter=rewriter,
+            catalog=GROUPS,
+            probe_configurations=probes,
+            groups=groups,
+        )
+        with stage("learning"):
+            tree = learner.fit(tree0, resume=cfg["resume"])
         save_tree(tree, out / "tree.json")
         s = learner.summary()
+        ev = s["evaluations"]
         print(
-            f"learned: {len(learner.decisions_)} decisions, accepted {s['accepted']}; "
-            f"evaluations {s['evaluations']}",
+            f"learned: {len(learner.decisions_)} decisions, {len(s['accepted'])} accepted"
+            + (f" ({'; '.join(s['accepted'])})" if s["accepted"] else "")
+            + f"; cells evaluated {ev.get('new_cells', 0)} (probe sweep {ev.get('sweep', 0)})",
             flush=True,
         )
 
@@ -258,7 +299,9 @@ def main(argv: list[str] | None = None) -> int:
             "learned_tree": TreePolicy(tree, "learned_tree"),
             "oracle": probes,
         }
-        rows, summary = evaluate_policies(test, policies, env, rewriter)
+        print(f"judging {len(policies)} policies on {len(test)} held-out tasks ...", flush=True)
+        with stage("held-out policies"):
+            rows, summary = evaluate_policies(test, policies, env, rewriter)
         train_static = {
             n: sum(learner.reward(t, configuration_name(g)) for t in learner.tasks) for n, g in probes.items()
         }
@@ -290,20 +333,28 @@ def main(argv: list[str] | None = None) -> int:
             )
             + "\n"
         )
-        matrix = outcome_matrix(test + train, probes, env, rewriter)
+        with stage("oracle matrix"):
+            matrix = outcome_matrix(test + train, probes, env, rewriter)
         (out / "oracle.json").write_text(json.dumps(oracle_analysis(matrix), indent=1, default=str) + "\n")
         if cfg["refinement_rounds"]:
-            ref = refine(test, TreePolicy(tree, "learned_tree"), env, cfg["refinement_rounds"], rewriter)
+            print(
+                f"refinement: {cfg['refinement_rounds']} rounds on {len(test)} held-out tasks ...", flush=True
+            )
+            with stage("refinement"):
+                ref = refine(test, TreePolicy(tree, "learned_tree"), env, cfg["refinement_rounds"], rewriter)
             (out / "refinement.json").write_text(json.dumps({"rows": ref}, indent=1, default=str) + "\n")
     finally:
         env.close()
 
-    # 4. report from the tables (+ this run's outputs)
+    # 4. report from the tables, restricted to this run's tasks (+ this run's outputs)
     tables = env.recording if kind == "replay" else env.table_dir
-    path = build_report(tables, out / "report", run_dir=out, title=f"training run {out.name}")
+    path = build_report(
+        tables, out / "report", run_dir=out, title=f"training run {out.name}", tasks=[t.hash for t in tasks]
+    )
+    print(f"outputs: {out}/ (tree.json, proposals.jsonl, evaluation.json, oracle.json)", flush=True)
     print(f"report: {path}\ndone in {time.time() - started:.0f}s", flush=True)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_main(main))

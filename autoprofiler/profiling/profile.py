@@ -153,10 +153,13 @@ class Profile:
         else:
             if self.task_hash not in _WARNED_KERNEL_LISTS:  # once per task: replays merge often
                 _WARNED_KERNEL_LISTS.add(self.task_hash)
-                log.warning(
-                    "task %s: kernel lists differ between runs (e.g. cuDNN chose other kernels); keeping "
-                    "the first run's kernel table",
+                # metrics are unaffected, only the per-kernel table: not worth a warning. torch.profiler's
+                # operator lists differ between runs that record different things (memory, shapes)
+                what = "operator" if self.source == "torch" else "kernel (e.g. cuDNN chose other kernels)"
+                log.info(
+                    "task %s: %s lists differ between runs; keeping the first run's table",
                     self.task_hash,
+                    what,
                 )
             kernels = [dict(r) for r in self.kernels]
         return Profile(
