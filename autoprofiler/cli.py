@@ -515,7 +515,9 @@ def _add_optimize(sub) -> None:
     )
     p.add_argument("task", help="task file, or a folder (suite) / table of tasks")
     _add_tree_options(p)
-    p.add_argument("--rewriter", choices=("rule", "openai"), default="rule", help="rewriter (default: rule)")
+    p.add_argument(
+        "--rewriter", choices=("rule", "playbook", "openai"), default="rule", help="rewriter (default: rule)"
+    )
     p.add_argument("--model", default=None, help="openai: model (default: AUTOPROFILER_LLM_MODEL)")
     p.add_argument("--base-url", default=None, help="openai: endpoint (default: AUTOPROFILER_LLM_BASE_URL)")
     p.add_argument("--target", choices=("cuda", "triton"), default="cuda", help="openai: what the LLM writes")
@@ -563,10 +565,10 @@ def _shard(tasks: list, spec: str | None) -> list:
 
 
 def _make_rewriter(args):
-    if args.rewriter == "rule":
-        from autoprofiler.rewriters.rule import RuleRewriter
+    if args.rewriter in ("rule", "playbook"):
+        from autoprofiler.rewriters import make_rewriter
 
-        return RuleRewriter()
+        return make_rewriter(args.rewriter)
     from autoprofiler.rewriters.llm import LLMRewriter
 
     try:

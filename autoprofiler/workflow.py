@@ -47,6 +47,7 @@ __all__ = [
     "ConfigError",
     "EnvironmentProblem",
     "config_line",
+    "CONFIG_REWRITERS",
     "config_rewriter",
     "configure_logging",
     "environment_problem",
@@ -450,8 +451,12 @@ def worker_spec(cfg: dict[str, Any], **changes: Any):
     return WorkerSpec(**{**fields, **changes})
 
 
+#: Rewriters a workflow config may name (``experience`` needs a recording to fit on: bench scripts only).
+CONFIG_REWRITERS = ("rule", "playbook", "openai")
+
+
 def config_rewriter(cfg: dict[str, Any], llm_cache: Path | None = None):
-    """The rewriter a config names: ``rewriter`` (``rule`` | ``openai``) with ``rewriter_options``; an
+    """The rewriter a config names: ``rewriter`` (one of ``CONFIG_REWRITERS``) with ``rewriter_options``; an
     ``openai`` rewriter gets a ``ChatClient`` from the ``llm`` section (its cache in ``llm_cache``
     when ``llm.cache`` is true)."""
     from autoprofiler.rewriters import make_rewriter
@@ -473,6 +478,7 @@ def worker_problems(cfg: dict[str, Any]) -> list[str]:
     task size, the ``eval`` fields (``EvalConfig``) and a rule rewriter's ``rewriter_options``."""
     from autoprofiler.evaluation import EvalConfig
     from autoprofiler.rewriters import RuleRewriter
+    from autoprofiler.rewriters.playbook import PlaybookRewriter
 
     problems = []
     if cfg.get("source", "torch") not in ("ncu", "torch"):
@@ -483,9 +489,10 @@ def worker_problems(cfg: dict[str, Any]) -> list[str]:
         except (TypeError, ValueError) as exc:
             problems.append(f"device, task_size, eval: {' '.join(str(exc).split())}")
     options = cfg.get("rewriter_options")
-    if cfg.get("rewriter", "rule") == "rule" and isinstance(options, dict):
+    offline = {"rule": RuleRewriter, "playbook": PlaybookRewriter}.get(cfg.get("rewriter", "rule"))
+    if offline is not None and isinstance(options, dict):
         try:
-            RuleRewriter(**options)
+            offline(**options)
         except (TypeError, ValueError) as exc:
             problems.append(f"rewriter_options: {' '.join(str(exc).split())}")
     return problems
@@ -595,7 +602,9 @@ def run_main(main: Callable[[list[str]], int], argv: Sequence[str] | None = None
     """Run a workflow's ``main(argv)`` and turn the problems it raises into exit codes, printing one
     line each on stderr (this is the scripts' printing, kept in one place): ``ConfigError`` exits 2 (every
     problem on its own line), ``EnvironmentProblem`` and the profiler's ``NcuNotFound`` /
-    ``CountersNotPermitted`` exit 3 (the message says the fix)."""
+    ``CountersNotPermitted`` exit 3 (the message says the fix), a replay asked for a cell its recording
+    lacks (``MissingOutcome``) exits 2; what was checkpointed before stays for ``--resume``."""
+    from autoprofiler.environments import MissingOutcome
     from autoprofiler.profiling import CountersNotPermitted, NcuNotFound
 
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -607,6 +616,13 @@ def run_main(main: Callable[[list[str]], int], argv: Sequence[str] | None = None
     except (EnvironmentProblem, NcuNotFound, CountersNotPermitted) as exc:
         print(f"error: {_root_message(exc)}", file=sys.stderr)
         return EXIT_ENVIRONMENT
+    except MissingOutcome as exc:
+        print(
+            f"error: {_root_message(exc)}; the replay answers only what was recorded: record that action "
+            "first (e.g. bench/h200_record_playbook.sh for the playbook's actions) or run environment=live",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
 
 
 def _root_message(exc: BaseException) -> str:

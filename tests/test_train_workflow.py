@@ -14,6 +14,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "workflows" / "train.py"
 FIXTURE = REPO / "tests" / "fixtures" / "replay"
+LIVE = ["--config", str(REPO / "workflows" / "train_cpu_live.yaml")]  # the live CPU run's config
 
 
 def _train_module():
@@ -41,7 +42,9 @@ def run(*args: str, timeout: float = 240, expect: int = 0) -> subprocess.Complet
 
 
 def replay_args(out: Path) -> list[str]:
+    """The replay fixture (torch source) over the live config's other settings."""
     return [
+        *LIVE,
         "environment=replay",
         f"tables={FIXTURE}",
         f"tasks={FIXTURE / 'tasks'}",
@@ -79,7 +82,7 @@ def test_the_tree_probes_and_tasks_are_checked_before_any_work():
 
     with pytest.raises(ConfigError) as e:
         _train_module().read_config(
-            ["tree=trees/seed.json", "probe=[memory]", "learn.confidnce=0.9", "tasks=datasets/nope"]
+            [*LIVE, "tree=trees/seed.json", "probe=[memory]", "learn.confidnce=0.9", "tasks=datasets/nope"]
         )
     found = e.value.problems
     assert len(found) == 4, found
@@ -88,13 +91,13 @@ def test_the_tree_probes_and_tasks_are_checked_before_any_work():
     assert any(p.startswith("probe: ['memory'] are not torch configurations") for p in found)
     assert any("routes on ncu profiles, but source='torch'; pass source=ncu" in p for p in found)
     with pytest.raises(ConfigError, match="training needs at least 2"):
-        _train_module().read_config(["task_filter=[relu]"])
+        _train_module().read_config([*LIVE, "task_filter=[relu]"])
 
 
 def test_overrides_are_typed_and_nested():
     """key=value values are YAML; dotted keys set one field of a nested section."""
     cfg = _train_module().read_config(
-        ["learn.confidence=0.8", "max_tasks=3", "probe=[torch_memory]", "--resume"]
+        [*LIVE, "learn.confidence=0.8", "max_tasks=3", "probe=[torch_memory]", "--resume"]
     )
     assert cfg["learn"]["confidence"] == 0.8 and cfg["learn"]["method"] == "t"
     assert cfg["max_tasks"] == 3 and cfg["probe"] == ["torch_memory"] and cfg["resume"] is True
@@ -132,6 +135,35 @@ def test_replay_run_writes_tree_log_evaluation_and_report(tmp_path):
     )
 
 
+def test_the_default_run_replays_the_h200_recording(tmp_path):
+    """No flags but out_dir: the replay of datasets/h200_suite, judged on its held-out split against
+    blind, random, the four fixed configurations and the oracle, with the held-out rows as Parquet."""
+    import polars as pl
+
+    out = tmp_path / "default"
+    proc = run(f"out_dir={out}")
+    cfg = json.loads((out / "config.json").read_text())
+    assert (cfg["environment"], cfg["tables"], cfg["source"]) == ("replay", "datasets/h200_suite", "ncu")
+    ev = json.loads((out / "evaluation.json").read_text())
+    assert ev["tasks"] + ev["train_tasks"] == 32 and ev["verdict"] in proc.stdout
+    expected = {"blind", "random", "oracle", "learned_tree", "seed_tree"}
+    expected |= {f"static:{n}" for n in ("algorithm", "memory", "latency", "compute")}
+    assert set(ev["summary"]) == expected
+    rows = pl.read_parquet(out / "policy_rows.parquet")
+    assert rows.height == len(expected) * ev["tasks"]
+    assert set(rows["policy"].unique()) == expected
+    assert (out / "report" / "report.md").exists()
+
+
+def test_live_config_loads_and_opens_with_its_command():
+    """workflows/train_cpu_live.yaml validates and names the command that runs it on its first line."""
+    path = REPO / "workflows" / "train_cpu_live.yaml"
+    first = path.read_text().splitlines()[0]
+    assert first == "# python workflows/train.py --config workflows/train_cpu_live.yaml"
+    cfg = _train_module().read_config(["--config", str(path)])
+    assert cfg["environment"] == "live" and cfg["source"] == "torch" and cfg["device"] == "cpu"
+
+
 def test_resume_continues_the_log(tmp_path):
     """A run stopped after one decision and resumed with --resume continues the same log.
 
@@ -156,6 +188,8 @@ def test_live_cpu_run_on_three_tasks(tmp_path):
     """The live path for real: torch.profiler, rule rewriter, sandboxed evaluator, 3 tiny suite tasks."""
     out = tmp_path / "live"
     run(
+        "--config",
+        "workflows/train_cpu_live.yaml",
         f"out_dir={out}",
         "task_filter=[matmul_square, matvec, matmul_batched]",
         "max_tasks=3",

@@ -37,6 +37,7 @@ if str(REPO) not in sys.path:  # a bare checkout (ray job submit --working-dir .
 
 from autoprofiler.runtime.progress import stage  # noqa: E402
 from autoprofiler.workflow import (  # noqa: E402
+    CONFIG_REWRITERS,
     ConfigError,
     EnvironmentProblem,
     config_line,
@@ -92,8 +93,8 @@ def check(cfg: dict) -> list[str]:
     fraction = cfg["test_fraction"]
     if isinstance(fraction, int | float) and not 0 < fraction < 1:
         problems.append(f"test_fraction: expected a number in (0, 1), got {fraction!r}")
-    if cfg["rewriter"] not in ("rule", "openai"):
-        problems.append(f"rewriter: expected rule or openai, got {cfg['rewriter']!r}")
+    if cfg["rewriter"] not in CONFIG_REWRITERS:
+        problems.append(f"rewriter: expected one of {', '.join(CONFIG_REWRITERS)}, got {cfg['rewriter']!r}")
     problems += task_problems(
         resolve_path(cfg["tasks"]) if isinstance(cfg["tasks"], str) else None, cfg["filter"], cfg["max_tasks"]
     )

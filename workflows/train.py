@@ -1,16 +1,17 @@
 """Train a profiling tree, judge it on held-out tasks against the best static configuration and the
 oracle, and write the tree, the learning log and a report.
 
-Run (embedded default: CPU, torch.profiler, rule rewriter, no GPU, no LLM; a few minutes on 2 CPUs):
+Run (embedded default: replay of the committed H200 recording on local Ray, rule rewriter, no GPU, no
+LLM; about 10 s on 2 CPUs):
 
     python workflows/train.py
     python workflows/train.py --config workflows/train.yaml key=value ...   # overrides, dotted for nesting
-    python workflows/train.py environment=replay tables=datasets/h200_suite source=ncu tree=trees/seed.json \
-        probe='[algorithm, memory, latency, compute]' out_dir=runs/h200-replay
+    python workflows/train.py --config workflows/train_cpu_live.yaml        # live on CPU: a few minutes
 
 Outputs in ``out_dir``: ``config.json`` (the resolved config), ``tree.json`` (the learned tree),
 ``proposals.jsonl`` (every proposal: statistics, accepted or why not), ``state.json`` (checkpoint),
-``evaluation.json`` (held-out policy comparison), ``oracle.json``, ``refinement.json`` (when asked),
+``evaluation.json`` (held-out policy comparison) and ``policy_rows.parquet`` (its rows),
+``oracle.json``, ``refinement.json`` (when asked),
 ``report/report.md`` (+ PNGs, about this run's tasks only). Live runs also write their recording to
 ``tables`` (``out_dir/tables``). An ``out_dir`` that already holds a run is refused: ``--resume``
 continues it from its checkpoint, ``--overwrite`` deletes it first.
@@ -32,6 +33,7 @@ if str(REPO) not in sys.path:  # a bare checkout (ray job submit --working-dir .
 
 from autoprofiler.runtime.progress import stage  # noqa: E402
 from autoprofiler.workflow import (  # noqa: E402
+    CONFIG_REWRITERS,
     ConfigError,
     EnvironmentProblem,
     config_line,
@@ -66,8 +68,8 @@ def check(cfg: dict) -> list[str]:
         problems.append(f"environment: expected one of {ENVIRONMENTS}, got {cfg['environment']!r}")
     if cfg["proposer"] not in ("statistical", "llm"):
         problems.append(f"proposer: expected statistical or llm, got {cfg['proposer']!r}")
-    if cfg["rewriter"] not in ("rule", "openai"):
-        problems.append(f"rewriter: expected rule or openai, got {cfg['rewriter']!r}")
+    if cfg["rewriter"] not in CONFIG_REWRITERS:
+        problems.append(f"rewriter: expected one of {', '.join(CONFIG_REWRITERS)}, got {cfg['rewriter']!r}")
     fraction = cfg["test_fraction"]
     if isinstance(fraction, int | float) and not 0 < fraction < 1:
         problems.append(f"test_fraction: expected a number in (0, 1), got {fraction!r}")
@@ -203,7 +205,14 @@ def initial_tree(cfg: dict):
 
 # --- the story ----------------------------------------------------------------------------------------
 def main(argv: list[str]) -> int:
-    from autoprofiler.analysis import evaluate_policies, oracle_analysis, outcome_matrix, refine, split_tasks
+    from autoprofiler.analysis import (
+        evaluate_policies,
+        oracle_analysis,
+        outcome_frame,
+        outcome_matrix,
+        refine,
+        split_tasks,
+    )
     from autoprofiler.learning import LearnConfig, Learner
     from autoprofiler.policies import Blind, Random, Static, TreePolicy
     from autoprofiler.profiling import CONFIGURATIONS, GROUPS
@@ -333,6 +342,8 @@ def main(argv: list[str]) -> int:
             )
             + "\n"
         )
+        keys = ("policy", "task_id", "task_hash", "level", "seed", "configuration", "leaf", "action")
+        outcome_frame(rows, keys).write_parquet(out / "policy_rows.parquet")  # the held-out rows, for polars
         with stage("oracle matrix"):
             matrix = outcome_matrix(test + train, probes, env, rewriter)
         (out / "oracle.json").write_text(json.dumps(oracle_analysis(matrix), indent=1, default=str) + "\n")
