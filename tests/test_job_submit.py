@@ -140,7 +140,7 @@ def test_the_oracle_sweep_runs_as_a_job_on_the_head(head):
 
     # the driver joined this head and ran from the working dir uploaded to it
     assert "Connecting to existing Ray cluster" in log, log[-4000:]
-    assert re.search(rf"loaded \d+ tasks from {re.escape(str(head.temp))}/session_", log), log[-4000:]
+    assert re.search(rf"tasks: 1 from {re.escape(str(head.temp))}/session_", log), log[-4000:]
 
     # its outputs: one action row with provenance, the profile, the resolved config
     from autoprofiler.tables import read_table

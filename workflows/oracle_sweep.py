@@ -271,8 +271,10 @@ def main(argv: list[str]) -> int:
         if problem:
             raise EnvironmentProblem(problem)
     out = Path(cfg["out_dir"])
-    tasks, report, _ = select_tasks(resolve_path(cfg["tasks"]), cfg["filter"], cfg["max_tasks"])
-    print(f"tasks: {len(tasks)} ({len(report.errors)} failed to load); recording: {out}", flush=True)
+    source = resolve_path(cfg["tasks"])
+    tasks, report, _ = select_tasks(source, cfg["filter"], cfg["max_tasks"])
+    where = f"from {source.resolve()} ({len(report.errors)} failed to load)"
+    print(f"tasks: {len(tasks)} {where}; recording: {out}", flush=True)
 
     # 1. record (resumable: every row is keyed), unless only analysing
     summary_path = out / "summary.json"
