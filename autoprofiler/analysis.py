@@ -423,8 +423,7 @@ def oracle_analysis(
     logs = np.log(np.maximum(eff, _FLOOR))
     rng = np.random.default_rng(seed)
     idx = rng.integers(0, len(complete), size=(bootstrap, len(complete)))
-    sample_logs = logs[idx]  # (B, n, k)
-    gains = np.exp(sample_logs.max(axis=2).mean(axis=1) - sample_logs.mean(axis=1).max(axis=1))
+    gains = np.concatenate([_bootstrap_gains(logs[idx[i : i + _CHUNK]]) for i in range(0, bootstrap, _CHUNK)])
     lo, hi = np.quantile(gains, [(1 - confidence) / 2, 1 - (1 - confidence) / 2])
     best_per_task = logs.max(axis=1)
     per_task = [
@@ -450,6 +449,19 @@ def oracle_analysis(
         "bootstrap": bootstrap,
         "per_task": per_task,
     }
+
+
+#: bootstrap resamples gathered at a time: all of them at once is a (B, tasks, configurations) array,
+#: 380 MB for 2000 resamples of 6,000 tasks and 4 configurations
+_CHUNK = 100
+
+
+def _bootstrap_gains(sample_logs: Any) -> Any:
+    """Per resample (rows of ``sample_logs``, shape (b, tasks, configurations)): oracle geomean over the
+    best static configuration's geomean of that resample."""
+    import numpy as np
+
+    return np.exp(sample_logs.max(axis=2).mean(axis=1) - sample_logs.mean(axis=1).max(axis=1))
 
 
 def _matrix_frame(matrix: pl.DataFrame | Sequence[Mapping[str, Any]]) -> pl.DataFrame:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import functools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -93,9 +94,10 @@ class Cell:
         """Canonical name of the shown groups (``""`` for none)."""
         return rewards.configuration_name(self.groups)
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
-        """The reward-table key (``rewards.cell_key``)."""
+        """The reward-table key (``rewards.cell_key``); computed once per cell (a hash the environment
+        and the learner look up many times)."""
         return rewards.cell_key(
             self.task.hash, self.kind, self.configuration, self.action, self.rewriter, self.seed, self.round
         )
@@ -200,16 +202,17 @@ class RewardRow:
         return cls(**values)
 
     def to_record(self) -> dict[str, Any]:
-        """The reward-table columns as a dict (no ``candidate_source``)."""
-        out = dataclasses.asdict(self)
-        out.pop("candidate_source")
-        return out
+        """The reward-table columns as a dict (no ``candidate_source``).
+
+        Every column holds a scalar (str, number, bool, datetime, None), so the shallow copy is what
+        ``dataclasses.asdict`` would give, without its per-value deep copy (the replay's hot path).
+        """
+        return {name: getattr(self, name) for name in _COLUMNS}
 
     @classmethod
     def from_record(cls, record: dict[str, Any]) -> RewardRow:
         """A row from a table record; columns missing from an older file take their defaults."""
-        names = {f.name for f in dataclasses.fields(cls)} - {"candidate_source"}
-        unknown = set(record) - names
+        unknown = set(record) - _COLUMN_SET
         if unknown:
             raise ValueError(f"reward record has columns outside REWARD_SCHEMA: {sorted(unknown)}")
         return cls(**{k: v for k, v in record.items() if v is not None or k in _NULLABLE})
@@ -244,6 +247,9 @@ class RewardRow:
 
 
 _NULLABLE = {f.name for f in dataclasses.fields(RewardRow) if f.default is None}
+#: the reward-table columns of a ``RewardRow``, in schema order (every field but ``candidate_source``)
+_COLUMNS = tuple(f.name for f in dataclasses.fields(RewardRow) if f.name != "candidate_source")
+_COLUMN_SET = frozenset(_COLUMNS)
 
 
 class CellEvaluator(Protocol):

@@ -154,16 +154,27 @@ def _file_version(schema: pa.Schema, name: str, path: Path) -> int:
     return int(version)
 
 
+#: rows converted to Python at a time when a part is read
+READ_BATCH_ROWS = 4096
+
+
 def _read_part(path: Path, name: str, schema: pa.Schema) -> list[dict[str, Any]]:
-    table = pq.read_table(path)
-    version = _file_version(table.schema, name, path)
-    rows = table.to_pylist()
+    """The rows of one part, upgraded to the current schema.
+
+    Converted batch by batch: the whole part as one Arrow table beside its Python rows holds both at
+    once, a transient as large as the decoded part (a recording's profile table is mostly per-kernel
+    JSON: hundreds of MB for thousands of tasks).
+    """
+    with pq.ParquetFile(path) as part:
+        file_schema = part.schema_arrow
+        version = _file_version(file_schema, name, path)
+        rows = [r for batch in part.iter_batches(batch_size=READ_BATCH_ROWS) for r in batch.to_pylist()]
     for v in range(version, SCHEMA_VERSION):
         upgrade = UPGRADES.get((name, v))
         if upgrade is None:
             raise TableSchemaError(f"{path}: no upgrade from {name} schema {v} to {v + 1}")
         rows = [upgrade(r) for r in rows]
-    unknown = set(table.schema.names) - set(schema.names)
+    unknown = set(file_schema.names) - set(schema.names)
     if unknown:
         raise TableSchemaError(f"{path}: columns {sorted(unknown)} are not in the {name} schema")
     return [{n: r.get(n) for n in schema.names} for r in rows]

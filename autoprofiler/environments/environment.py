@@ -146,12 +146,20 @@ class Environment:
         self.profiler = RecordedProfiler(profiles, source, self.prefetch if fetch_profiles else None)
         self.stats = EnvStats()
         self._rewriters: dict[str, Rewriter] = {}
+        self._rules: dict[str, ActionRewriter] = {}  # the registered rewriters that are rule-based
         if rewriter is not None:
             self._register(rewriter)
 
     # --- rewriters ---------------------------------------------------------------------------------
     def _register(self, rewriter: Rewriter) -> None:
+        if self._rewriters.get(rewriter.identity) is rewriter:
+            return  # every cell() call registers its rewriter: the same object is already known
         self._rewriters[rewriter.identity] = rewriter
+        # checked once here: isinstance against a runtime Protocol probes every member, per call
+        if isinstance(rewriter, ActionRewriter):
+            self._rules[rewriter.identity] = rewriter
+        else:
+            self._rules.pop(rewriter.identity, None)
 
     def rewriter_identity(self, rewriter: Rewriter | str | None = None) -> str:
         """The identity of ``rewriter`` (a string passes through; None: the default's)."""
@@ -286,8 +294,8 @@ class Environment:
             if cell.key in self.rewards:
                 self.stats.from_table += 1
                 continue
-            rule = self._rewriters.get(cell.rewriter)
-            derive = cell.kind == "configuration" and isinstance(rule, ActionRewriter)
+            rule = self._rules.get(cell.rewriter)
+            derive = cell.kind == "configuration" and rule is not None
             shown = None  # a replay answers any other cell by its key, without its profile
             if derive or self.profiler.fetch is not None:
                 try:

@@ -362,7 +362,7 @@ class Learner:
             "rewards": [[h, c, r] for (h, c), r in sorted(self._rewards.items())],
         }
         tmp = self.out_dir / "state.json.tmp"
-        tmp.write_text(json.dumps(state, indent=1, default=str))
+        tmp.write_text(json.dumps(state, default=str))  # no indent: json's C encoder (the memo is large)
         tmp.replace(self.out_dir / "state.json")
 
     def _load_checkpoint(self) -> tuple[ProfilingTree, dict[str, Any]] | None:

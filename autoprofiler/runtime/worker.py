@@ -301,18 +301,31 @@ class ReplayWorker:
 
     A cell is answered by its key; one the recording does not hold is a ``CellFailure`` of kind
     ``missing`` naming the cell. Profiles are the recorded ones, at their recorded cost.
+
+    The profile table is read on the first ``profile`` call, not before: a replay environment answers
+    profiles from its own copy, so a replay actor that only answers cells never holds the recording's
+    profiles (most of its size: per-kernel metrics).
     """
 
     def __init__(
         self, recording: str | Path, source: str | None = None, profiles: Any = None, rewards: Any = None
     ):
-        from autoprofiler.tables import ProfileTable, RewardTable
+        from autoprofiler.tables import RewardTable
 
         self.recording = Path(recording)
         self.rewards = rewards if rewards is not None else RewardTable(self.recording / "rewards")
-        self.profiles = profiles if profiles is not None else ProfileTable(self.recording / "profiles")
+        self._profiles = profiles
         self.source = source
         self.provenance = detect(worker=f"replay:{self.recording}")
+
+    @property
+    def profiles(self) -> Any:
+        """The recording's profile table (``ProfileTable``), read when first needed."""
+        if self._profiles is None:
+            from autoprofiler.tables import ProfileTable
+
+            self._profiles = ProfileTable(self.recording / "profiles")
+        return self._profiles
 
     def run_cells(self, items: Sequence[WorkItem]) -> list[RewardRow | CellFailure]:
         out: list[RewardRow | CellFailure] = []

@@ -1,0 +1,91 @@
+"""bench/learner_scale.py and bench/resample_recording.py on a small resampled recording (CPU, seconds).
+
+The copies must be read by the real ``ReplayEnvironment`` under their own hashes and keys, labelled as
+resampled, and (without jitter) replay exactly what their originals replay.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+from autoprofiler.environments import ReplayEnvironment
+from autoprofiler.rewriters import RuleRewriter
+from autoprofiler.tables import ProfileTable, RewardTable
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _load(name: str):
+    sys.path.insert(0, str(ROOT / "bench"))  # learner_scale imports resample_recording from beside it
+    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def resample():
+    return _load("resample_recording")
+
+
+@pytest.fixture(scope="module")
+def originals(resample):
+    return resample.original_tasks()
+
+
+def test_copies_replay_what_their_originals_replay(resample, originals, tmp_path):
+    """Without jitter a copy's rows are its original's under new keys: every configuration replays the
+    same action and speedup, and no key of the copy is a key of the recording."""
+    pairs = resample.resampled_tasks(originals, 12, seed=3)
+    assert [c.id for c, _ in pairs] == [c.id for c, _ in resample.resampled_tasks(originals, 12, seed=3)]
+    counts = resample.write_resampled(pairs, tmp_path, jitter=0.0, seed=3)
+    assert counts["tasks"] == 12 and counts["profile_rows"] == 12 * 10
+    copies = ReplayEnvironment(tmp_path, RuleRewriter(), "ncu", runner=None)
+    recording = ReplayEnvironment(resample.RECORDING, RuleRewriter(), "ncu", runner=None)
+    for copy, orig in pairs[:4]:
+        assert copy.hash != orig.hash and copy.source.endswith(
+            f"# resampled copy {copy.id.rsplit('/', 1)[1]} of {orig.id}\n"
+        )
+        for configuration in ("memory+speed_of_light", "root", "stalls+occupancy+root"):
+            a, b = copies.outcome(copy, configuration), recording.outcome(orig, configuration)
+            assert (a.action, a.speedup, a.correct) == (b.action, b.speedup, b.correct)
+            assert a.key != b.key and a.task_id == copy.id
+    assert not set(RewardTable(tmp_path / "rewards").records()[0]) - set(
+        RewardTable(resample.RECORDING / "rewards").records()[0]
+    )
+    recorded = {r["key"] for r in ProfileTable(resample.RECORDING / "profiles").records()}
+    assert not recorded & {r["key"] for r in ProfileTable(tmp_path / "profiles").records()}
+
+
+def test_measure_counts(tmp_path):
+    """The script's core function on 100 copies: every task labelled resampled, the table read back whole,
+    evaluations spent at most the naive count, jittered times, and a Markdown page that says what it is."""
+    bench = _load("learner_scale")
+    result = bench.measure(100, tmp_path, seed=0, jitter=0.02)
+    learn, counts = result["learn"], result["resample"]
+    assert counts["tasks"] == 100 and counts["profile_rows"] == 1000 and counts["action_rows"] == 500
+    assert learn["tasks"] == learn["resampled"] == 100 and learn["train"] + learn["test"] == 100
+    ev = learn["evaluations"]
+    assert 0 < ev["spent"] <= ev["naive"] and ev["decisions"] == learn["decisions"] > 0
+    assert ev["naive"] == learn["decisions"] * learn["train"]  # one seed: every training task per decision
+    assert learn["oracle"]["tasks"] == 100 and learn["peak_rss_mb"] > 0
+    rows = RewardTable(tmp_path / "recording" / "rewards").records()
+    assert all(
+        r["task_id"].startswith("resampled/suite/") and r["run_id"] == "resampled-n100-seed0" for r in rows
+    )
+    recording = _load("resample_recording").RECORDING
+    source = {(r["task_hash"], r["action"]): r for r in RewardTable(recording / "rewards").records()}
+    tasks = {c.hash: o for c, o in bench.resampled_tasks(bench.original_tasks(), 100, 0)}
+    ratios = [
+        r["new_ms"] / source[(tasks[r["task_hash"]].hash, r["action"])]["new_ms"]
+        for r in rows
+        if r["kind"] == "action" and r["new_ms"]
+    ]
+    assert len(set(ratios)) > 1 and all(0.8 < x < 1.25 for x in ratios)  # exp(0.02 z), |z| < 10
+    page = bench.markdown([result], "python bench/learner_scale.py --sizes 100", 0, 0.02)
+    assert "pseudo-replicates" in page and "| 100 (" in page and "**not** evidence" in page
