@@ -10,11 +10,16 @@ reference outputs, the nonce of the result line or the timing lock: what it buil
   which checks their checksums), the timing inputs under random seeds it learns only when each input
   set is first used.
 
-It answers requests on the link (``ping``, ``build``, ``trial``, ``checks``, ``warmup``, ``block``,
-``verify``, ``finish``) and reports what it sees of the candidate's behaviour (input writes, replaced
-torch functions, busy Python threads, use of the stand-in) as flags. Everything here runs in the
-candidate's own process, so these reports are a courtesy, not a defence: the reference process decides
-from what it can check itself (the outputs' bytes, its own clock, the candidate process's CPU time).
+It holds what the reference process's memory plan gives it (``setup``'s ``memory``: on CUDA a cap on
+what its allocator may reserve, ``torch.cuda.set_per_process_memory_fraction``; lean calls without
+copies of the inputs; trials freed once run outside the default layout).
+
+It answers requests on the link (``ping``, ``setup``, ``make``, ``build``, ``trial``, ``checks``,
+``warmup``, ``block``, ``verify``, ``finish``) and reports what it sees of the candidate's behaviour
+(input writes, replaced torch functions, busy Python threads, use of the stand-in) as flags. Everything
+here runs in the candidate's own process, so these reports are a courtesy, not a defence: the reference
+process decides from what it can check itself (the outputs' bytes, its own clock, the candidate
+process's CPU time).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import time
 import types
 
 import _autoprofiler_harness as harness
+
+_memory = harness.role_module("memory")
 
 INPUT_MODULE = "_autoprofiler_task_inputs"
 CANDIDATE_MODULE = "_autoprofiler_candidate"
@@ -63,8 +70,12 @@ class CandidateProcess:
         self.torch = tools.torch
         self.tripwire: list[str] = []
         self.model = None
-        self.trials: list = []
+        self.trials: dict[int, list] = {}
         self.sets: dict[int, list] = {}
+        self.retired: dict[int, list] = {}  # checksums of the timing sets retired (rolling sets)
+        self.lean = False
+        self.full = True
+        self.cap: int | None = None  # bytes its allocator may reserve on the device
         self.pending: list = []  # (call index, output) of the last timed block, until "keep" arrives
         self.kept: dict[int, object] = {}
         self.used: set[int] = set()
@@ -78,6 +89,7 @@ class CandidateProcess:
     def serve(self) -> None:
         handlers = {
             "setup": self.setup,
+            "make": self.make,
             "ping": lambda msg: self.link.send({"op": "pong"}),
             "build": self.build,
             "trial": self.trial,
@@ -111,9 +123,11 @@ class CandidateProcess:
 
     # -- steps -------------------------------------------------------------------------------------
     def setup(self, msg: dict) -> None:
-        """Run the task's input functions (with the stand-in ``Model``) and make the trial inputs."""
+        """Take the memory plan, run the task's input functions (with the stand-in ``Model``) and make
+        the inputs of the first group of trials."""
         tools = self.tools
         self.seed = int(msg["seed"])
+        self.apply_memory(msg.get("memory") or {})
         try:
             module = harness.load_module(
                 INPUT_MODULE,
@@ -123,13 +137,59 @@ class CandidateProcess:
             )
             self.get_inputs = module.get_inputs
             self.init_inputs = tools.move(module.get_init_inputs())
-            self.trials = [
-                tools.make_inputs(self.get_inputs, self.seed + t) for t in range(int(msg["trials"]))
-            ]
-            digests = [tools.checksum(x) for x in self.trials]
+            digests = self.make_trials([int(t) for t in msg["trials"]])
         except Exception as exc:
-            self.fail(harness.Failure("task_error", "the task's inputs failed: " + harness.describe(exc)))
+            self.fail(self.input_failure(exc))
         self.link.send({"op": "inputs", "init": tools.checksum(self.init_inputs), "trials": digests})
+
+    def make(self, msg: dict) -> None:
+        """The inputs of the next group of correctness trials (the memory plan holds fewer than all)."""
+        self.ref_mutates = bool(msg.get("ref_mutates", self.ref_mutates))
+        try:
+            digests = self.make_trials([int(t) for t in msg["trials"]])
+        except Exception as exc:
+            self.fail(self.input_failure(exc))
+        self.link.send({"op": "inputs", "trials": digests})
+
+    def make_trials(self, trials: list[int]) -> list:
+        tools = self.tools
+        self.trials.clear()
+        for t in trials:
+            self.trials[t] = tools.make_inputs(self.get_inputs, self.seed + t)
+        return [tools.checksum(self.trials[t]) for t in trials]
+
+    def input_failure(self, exc: Exception) -> harness.Failure:
+        if _memory.is_oom(self.torch, exc):
+            return harness.Failure(
+                "runtime_error",
+                "the task is too large for this device: the candidate's process ran out of memory making "
+                f"the correctness inputs{self.share_text()}: {harness.describe(exc, 600)}",
+                compiled=False,
+            )
+        return harness.Failure("task_error", "the task's inputs failed: " + harness.describe(exc))
+
+    def apply_memory(self, memory: dict) -> None:
+        """The memory plan's part for this process. On CUDA the allocator is capped at its share of the
+        budget, so a candidate that needs more fails here (``runtime_error``) instead of taking memory
+        the reference process counts on (the candidate could lift the cap: the plan's limit)."""
+        self.lean = bool(memory.get("lean", False))
+        self.full = bool(memory.get("full", True))
+        cap = memory.get("cap_bytes")
+        if self.tools.is_cuda and isinstance(cap, int) and cap > 0:
+            torch, device = self.torch, self.tools.device
+            total = torch.cuda.mem_get_info(device)[1]
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
+            self.cap = cap
+
+    def share_text(self) -> str:
+        return f" (its share of device memory: {_memory.gib(self.cap)} GiB)" if self.cap else ""
+
+    def classify(self, exc: BaseException, kind: str, where: str) -> harness.Failure:
+        """``harness.classify``, saying the process's share of device memory when an allocation failed."""
+        failure = harness.classify(exc, kind, where)
+        if self.cap and _memory.is_oom(self.torch, exc):
+            failure.message += self.share_text()
+        return failure
 
     def build(self, msg: dict) -> None:
         """Import the candidate and construct ``ModelNew`` (the build step: ``load_inline`` compiles)."""
@@ -168,16 +228,25 @@ class CandidateProcess:
         tools = self.tools
         t = int(msg["t"])
         inputs = self.trials[t]
-        mine = tools.clone_all(inputs)
+        before = tools.checksum(inputs) if self.lean else None  # lean: no copy, a checksum
+        mine = inputs if self.lean else tools.clone_all(inputs)
         try:
             out = self.model(*mine)
             tools.sync()
             metas, fd = harness.pack_tensors(tools, tools.flatten(out))
         except BaseException as exc:
-            self.fail(harness.classify(exc, "runtime_error", f"correctness trial {t}"))
+            self.fail(self.classify(exc, "runtime_error", f"correctness trial {t}"))
+        del out
         flags = [REFERENCE_USED] if self.tripwire else []
-        if not self.ref_mutates and not tools.same_inputs(inputs, mine):
+        if self.lean:
+            changed = tools.checksum(inputs) != before
+        else:
+            changed = not tools.same_inputs(inputs, mine)
+        if not self.ref_mutates and changed:
             flags.append(f"trial {t}: the candidate modified its inputs (the reference does not)")
+        if not self.full:  # each trial runs once outside the default layout
+            del inputs, mine, self.trials[t]
+            _memory.release(tools)
         try:
             self.link.send({"op": "outputs", "meta": metas, "flags": flags}, (fd,))
         finally:
@@ -187,15 +256,22 @@ class CandidateProcess:
         """Untimed calls on the trial inputs; starts a timing pass (call indices from 0 again)."""
         tools = self.tools
         self.calls, self.pending, self.kept, self.used = 0, [], {}, set()
+        self.sets, self.retired = {}, {}  # a previous pass's sets are not used again
         tools.prepare_timing(int(self.cfg.get("l2_flush_mb", 256)))
         try:
+            if msg.get("remake"):  # trial 0's inputs again (the trials were freed)
+                warm = [tools.make_inputs(self.get_inputs, self.seed)]
+            else:
+                warm = [self.trials[t] for t in sorted(self.trials)]
             held = None
             for i in range(int(msg["calls"])):
-                held = self.model(*self.trials[i % len(self.trials)])
+                held = self.model(*warm[i % len(warm)])
             tools.sync()
-            del held
+            del held, warm
         except BaseException as exc:
-            self.fail(harness.classify(exc, "runtime_error", "warm-up"))
+            self.fail(self.classify(exc, "runtime_error", "warm-up"))
+        if msg.get("remake"):
+            _memory.release(tools)
         self.link.send({"op": "warm"})
 
     def block(self, msg: dict) -> None:
@@ -203,6 +279,11 @@ class CandidateProcess:
         seed it sends then); each output's checksum is committed in the reply."""
         tools = self.tools
         self.keep(msg["keep"])
+        for key in msg.get("retire", []):  # rolling sets: the oldest goes before the new one is made
+            inputs = self.sets.pop(int(key), None)
+            if inputs is not None and int(key) in self.used:
+                self.retired[int(key)] = tools.checksum(inputs)
+            del inputs
         calls = [(int(call["set"]), call.get("seed")) for call in msg["calls"]]
         self.used.update(key for key, _ in calls)
         shared = {}  # sets the reference process made and shares (CPU): mapped, not made again
@@ -219,7 +300,7 @@ class CandidateProcess:
         try:
             outs, ms, sums, _ = tools.time_block(self.model, calls, self.sets, make)
         except BaseException as exc:
-            self.fail(harness.classify(exc, "runtime_error", "timing"))
+            self.fail(self.classify(exc, "runtime_error", "timing"))
         self.pending = list(enumerate(outs, start=self.calls))
         self.calls += len(outs)
         self.link.send({"op": "timed", "ms": ms, "sums": sums})
@@ -247,6 +328,7 @@ class CandidateProcess:
         sets = {
             str(index): tools.checksum(inputs) for index, inputs in self.sets.items() if index in self.used
         }
+        sets.update({str(index): sums for index, sums in self.retired.items()})
         try:
             self.link.send(
                 {"op": "kept", "calls": calls, "counts": counts, "meta": metas, "sets": sets}, (fd,)

@@ -60,6 +60,11 @@ class EvalConfig:
         timing_input_sets: input sets the timed calls draw from, each made on first use from a secret
             seed (the first use of each is timed alone: memoization shows).
         l2_flush_mb: size of the buffer written before each timed CUDA call (0: no flush).
+        memory_budget_gb: at most this much memory (GiB) for what the two processes of one evaluation
+            hold (tasks' inputs, outputs, the model); ``None``: what the device has free (CUDA
+            ``mem_get_info``; CPU: MemAvailable and each worker's ``RLIMIT_AS``). Larger tasks are held
+            a trial and an input set at a time (``details["memory_plan"]``, ``docs/evaluator.md``);
+            one that does not fit even so is a ``runtime_error`` saying it is too large.
         timing_lock: path of a lock file the reference process holds (``flock``) only while timing
             both models, so workers sharing a GPU build and check concurrently but time one at a time;
             the candidate's process never sees it. ``None``: no lock.
@@ -83,6 +88,7 @@ class EvalConfig:
     timing_input_sets: int = 3
     l2_flush_mb: int = 256
     timing_lock: str | None = None
+    memory_budget_gb: float | None = None
 
     def __post_init__(self) -> None:
         if self.timing_lock:  # workers run in their own temp dir: a relative path would not be found there
@@ -100,6 +106,8 @@ class EvalConfig:
                 problems.append(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if not self.timeout_s > 0:
             problems.append(f"timeout_s must be > 0, got {self.timeout_s!r}")
+        if self.memory_budget_gb is not None and not self.memory_budget_gb > 0:
+            problems.append(f"memory_budget_gb must be > 0 or None, got {self.memory_budget_gb!r}")
         if not self.suspicious_speedup > 0:
             problems.append(f"suspicious_speedup must be > 0, got {self.suspicious_speedup!r}")
         if problems:

@@ -1,0 +1,253 @@
+"""The evaluator's memory plan on CPU (``autoprofiler/evaluation/_memory.py``, ``docs/evaluator.md``).
+
+A task whose inputs are large next to the memory budget (``EvalConfig.memory_budget_gb``, or the
+workers' ``RLIMIT_AS``) is evaluated holding one correctness trial and fewer timing input sets at a time,
+still correctly, and a memoizing candidate is still caught; a task too large even so is a
+``runtime_error`` that says so; a small task keeps the default plan. The comparison of large outputs in
+chunks gives the same verdicts and messages as the whole-tensor comparison.
+
+Run: ``python -m pytest tests/test_evaluation_memory.py -q`` (about 30 s on 2 CPUs).
+"""
+
+from __future__ import annotations
+
+import doctest
+from dataclasses import replace
+
+import pytest
+from conftest import load_tiny_task
+from memory_tasks import projection_task, row_sum_task
+
+from autoprofiler.evaluation import EvalConfig, Evaluator, identity_candidate
+from autoprofiler.evaluation._harness import Failure, Tools, role_module
+
+memory = role_module("memory")
+BASE = EvalConfig(device="cpu", task_size="small", timing_trials=20, warmup=3, timeout_s=120.0)
+MiB = 2**20
+
+# A projection of a 32 MiB input: the default plan holds ~0.55 GiB in the two processes, the smallest
+# ~0.1 GiB; with 0.15 GiB only one timing input set can be alive at once (two need >= 0.17 GiB). The
+# measured peak (a few MiB on CPU, noisy) can only raise the needs, so it never makes two sets fit, and it
+# would take a peak above ~20 MiB to make even the smallest plan miss the budget.
+PROJECTION = projection_task(32 * MiB)
+TIGHT = replace(BASE, memory_budget_gb=0.15)
+
+MEMOIZE_PROJECTION = """
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def __init__(self, cols, out):
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(cols, out) / cols**0.5)
+        self.cache = {}
+
+    def forward(self, x):
+        key = (tuple(x.shape), tuple(x.reshape(-1)[::65537].tolist()))  # a few sampled values
+        if key not in self.cache:
+            self.cache[key] = x @ self.weight
+        return self.cache[key].clone()
+"""
+
+
+@pytest.fixture(scope="module")
+def evaluator():
+    with Evaluator(BASE, spares=1) as ev:
+        yield ev
+
+
+def plan_of(result) -> dict:
+    return result.details["memory_plan"]
+
+
+# --- the plan itself --------------------------------------------------------------------------------
+def test_memory_modules_doctests():
+    """The worked examples in the docstrings of the plan, the schedule and the task builders hold."""
+    import memory_tasks
+
+    for module in (memory, role_module("timing"), memory_tasks):
+        result = doctest.testmod(module)
+        assert result.failed == 0 and result.attempted > 0, module.__name__
+
+
+def test_choose_keeps_the_default_when_it_fits_and_shrinks_in_order():
+    """The default layout whenever it fits; smaller budgets first give up trials held at once, copies
+    around calls and live sets, the checked outputs last; each chosen layout fits; per-process limits
+    count; below the smallest layout, nothing."""
+    sizes = memory.Sizes(
+        inputs=64 * MiB,
+        outputs=64 * MiB,
+        peak=64 * MiB,
+        model=MiB,
+        compare=64 * MiB,
+        flush=0,
+        cuda=True,
+        block_outputs=64 * MiB,
+    )
+    default = memory.Layout(5, False, 3, 3, True)
+    full_need = sum(memory.needs(sizes, default, 5))
+    assert memory.choose(sizes, memory.Budget(full_need, None, 0, ""), 5, 3, 3) == default
+    smallest_need = memory.needs(sizes, memory.smallest(), 5)
+    assert memory.choose(sizes, memory.Budget(sum(smallest_need) - 1, None, 0, ""), 5, 3, 3) is None
+    previous = None
+    for budget in range(full_need - 1, sum(smallest_need) - 1, -16 * MiB):
+        layout = memory.choose(sizes, memory.Budget(budget, None, 0, ""), 5, 3, 3)
+        assert layout is not None and not layout.full
+        assert sum(memory.needs(sizes, layout, 5)) <= budget
+        key = (layout.checked_calls, layout.live_sets, not layout.lean, layout.trials_held)
+        assert previous is None or key <= previous  # never closer to the default with less memory
+        previous = key
+    assert previous[:2] == (1, 1)  # one checked call, one live set near the smallest budget
+    assert memory.choose(sizes, memory.Budget(sum(smallest_need), None, 0, ""), 5, 3, 3) is not None
+    alone = memory.Budget(10 * full_need, max(smallest_need), 0, "")  # the pair fits, each process not
+    layout = memory.choose(sizes, alone, 5, 3, 3)
+    assert layout is not None and not layout.full
+    assert max(memory.needs(sizes, layout, 5)) <= max(smallest_need)
+
+
+def test_chunked_comparison_gives_the_same_verdicts(monkeypatch):
+    """Outputs above the chunk size are compared chunk by chunk: the same kinds and messages as the
+    whole-tensor comparison, for matches, NaNs, values off, near-zero outputs and integers."""
+    import torch
+
+    compare = role_module("compare")
+    comparer = compare.Comparer(Tools(torch, "cpu"), {})
+    torch.manual_seed(0)
+    ref = torch.randn(1000)
+    cases = {
+        "same": ref.clone(),
+        "close": ref + 1e-6,
+        "nan": torch.where(torch.arange(1000) == 777, torch.tensor(float("nan")), ref),
+        "off": torch.where(torch.arange(1000) == 333, ref + 0.5, ref),
+        "spread": ref + 0.01 * torch.linspace(0, 1, 1000),
+    }
+    tiny = torch.full((1000,), 1e-6)
+    ints = torch.arange(1000)
+
+    def verdict(r, n):
+        try:
+            comparer.compare([r], [n], "trial 0")
+        except Failure as f:
+            return f.kind, f.message
+        return None
+
+    whole = {name: verdict(ref, n) for name, n in cases.items()}
+    whole["near_zero"] = verdict(tiny, torch.zeros(1000))
+    whole["ints"] = verdict(ints, ints.flip(0))
+    monkeypatch.setattr(compare, "COMPARE_CHUNK", 64)
+    chunked = {name: verdict(ref, n) for name, n in cases.items()}
+    chunked["near_zero"] = verdict(tiny, torch.zeros(1000))
+    chunked["ints"] = verdict(ints, ints.flip(0))
+    assert whole["same"] is None and whole["close"] is None
+    assert {k: v and v[0] for k, v in whole.items()} == {
+        "same": None,
+        "close": None,
+        "nan": "wrong_output",
+        "off": "wrong_output",
+        "spread": "wrong_output",
+        "near_zero": "wrong_output",
+        "ints": "wrong_output",
+    }
+    assert chunked == whole
+
+
+# --- evaluations ------------------------------------------------------------------------------------
+def test_small_task_keeps_the_default_plan(evaluator):
+    """A tiny task: the default layout (every trial held, three timing sets alive, three checked calls),
+    as before the plan existed."""
+    task = load_tiny_task("matmul")
+    result = evaluator.evaluate(task, identity_candidate(task.source))
+    assert result.correct, result.summary()
+    plan = plan_of(result)
+    assert plan["default"] and plan["trials_held"] == 5 and plan["live_sets"] == 3
+    assert plan["checked_calls"] == 3 and not plan["lean"]
+    assert result.details["timing_input_sets"] == 3
+
+
+def test_large_inputs_use_one_live_set_and_stay_correct(evaluator):
+    """With a budget that does not hold the default plan: one trial and one timing input set at a time
+    (three checked calls: the outputs are small); the identity candidate is still correct, the three
+    sets still each have their first use (the memoization check ran), and the plan is recorded."""
+    default = evaluator.evaluate(PROJECTION, identity_candidate(PROJECTION.source))
+    assert default.correct and plan_of(default)["default"], default.summary()
+    assert sum((plan_of(default)["reference_bytes"], plan_of(default)["candidate_bytes"])) > 0.15 * 2**30
+    result = evaluator.evaluate(PROJECTION, identity_candidate(PROJECTION.source), config=TIGHT)
+    assert result.correct, result.summary()
+    plan = plan_of(result)
+    assert not plan["default"], plan
+    assert plan["live_sets"] == 1 and plan["trials_held"] == 1 and plan["checked_calls"] == 3, plan
+    assert plan["reference_bytes"] + plan["candidate_bytes"] <= plan["budget_bytes"] == int(0.15 * 2**30)
+    assert plan["input_bytes"] == 32 * MiB
+    assert result.details["timing_input_sets"] == 3 and result.details["correctness_trials"] == 5
+    assert "new_first_ms" in result.details["memo"], result.details["memo"]
+
+
+def test_memoization_is_caught_with_one_live_set(evaluator):
+    """Rolling sets keep the memoization check: a candidate answering from a cache keyed by a sample of
+    its input's values is slow on each set's first use and fast after, with one set alive at a time as
+    with three."""
+    result = evaluator.evaluate(PROJECTION, MEMOIZE_PROJECTION, config=TIGHT)
+    assert plan_of(result)["live_sets"] == 1
+    assert result.error_kind == "suspicious" and "memoization" in result.error, result.summary()
+
+
+def test_too_large_for_the_budget_is_a_clear_error(evaluator):
+    """Below the smallest plan: a runtime_error naming what is needed and what is available, before any
+    candidate code runs (not a TaskError, not an out-of-memory traceback); the Evaluator goes on."""
+    task = row_sum_task(64 * MiB)
+    result = evaluator.evaluate(
+        task, identity_candidate(task.source), config=replace(BASE, memory_budget_gb=0.05)
+    )
+    assert result.error_kind == "runtime_error" and not result.compiled, result.summary()
+    assert "too large for this device" in result.error and "0.05 GiB available" in result.error
+    assert "Traceback" not in result.error
+    check = load_tiny_task("matmul")
+    assert evaluator.evaluate(check, identity_candidate(check.source)).correct
+
+
+def test_rlimit_as_shapes_the_plan_and_an_input_beyond_it_is_too_large():
+    """With RLIMIT_AS = 2 GiB per worker (memory_limit_gb) and no injected budget: a row sum over a
+    192 MiB input does not fit the default plan in one process (~1.7 GiB) and is evaluated with a smaller
+    one; a 3 GiB input cannot even be allocated: too large for this device, a runtime_error."""
+    config = replace(BASE, memory_limit_gb=2)
+    with Evaluator(config, spares=0) as ev:
+        task = row_sum_task(192 * MiB)
+        result = ev.evaluate(task, identity_candidate(task.source))
+        assert result.correct, result.summary()
+        plan = plan_of(result)
+        assert not plan["default"] and plan["process_limit_bytes"] < 2 * 2**30, plan
+        assert max(plan["reference_bytes"], plan["candidate_bytes"]) <= plan["process_limit_bytes"]
+        huge = row_sum_task(3 * 2**30)
+        result = ev.evaluate(huge, identity_candidate(huge.source))
+    assert result.error_kind == "runtime_error" and not result.compiled, result.summary()
+    assert "too large for this device" in result.error and "running the reference" in result.error
+
+
+def test_gpu_memory_tests_setup_dry_run_on_cpu(evaluator):
+    """What ``tests/test_evaluation_memory_gpu.py`` builds, at an H200's size (139.8 GiB): the RMSNorm
+    shapes, generated tasks of a quarter's estimated peak (they load as tasks); and on CPU, scaled
+    down, the RMSNorm (outputs as large as inputs) under a budget below its default plan (~0.18 GiB;
+    the smallest ~0.1 GiB, most of it the comparison's scratch): correct, fewer checked calls. A
+    generated task's code runs through the evaluator at its small size."""
+    from memory_tasks import rmsnorm_task
+
+    from autoprofiler.generate import GenerateConfig, generate_task
+    from autoprofiler.tasks import Task
+
+    total = int(139.8 * 2**30)
+    assert rmsnorm_task(total // 8).id == "tests/rmsnorm_280x64x512x512"  # 17.5 GiB in, 17.5 GiB out
+    config = GenerateConfig(peak_gib=total / 4 / 2**30, max_tensor_elems=2**34)
+    generated = [generate_task(seed, config=config) for seed in range(4)]
+    assert all(abs(g.est_full_peak_gib - total / 4 / 2**30) < 1.0 for g in generated)
+    tasks = [Task.from_source(f"generated/seed{s}", g.code, level=1) for s, g in enumerate(generated)]
+    result = evaluator.evaluate(tasks[3], identity_candidate(tasks[3].source))
+    assert result.correct and plan_of(result)["default"], result.summary()
+
+    small = rmsnorm_task(4 * MiB)
+    result = evaluator.evaluate(
+        small, identity_candidate(small.source), config=replace(BASE, memory_budget_gb=0.11)
+    )
+    assert result.correct, result.summary()
+    plan = plan_of(result)
+    assert not plan["default"] and plan["checked_calls"] < 3, plan  # its outputs are as large as inputs
