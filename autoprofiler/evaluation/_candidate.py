@@ -253,7 +253,7 @@ class CandidateProcess:
             os.close(fd)
 
     def warmup(self, msg: dict) -> None:
-        """Untimed calls on the trial inputs; starts a timing pass (call indices from 0 again)."""
+        """Warm-up calls on the trial inputs (``Tools.rehearse``); starts a timing pass (calls from 0)."""
         tools = self.tools
         self.calls, self.pending, self.kept, self.used = 0, [], {}, set()
         self.sets, self.retired = {}, {}  # a previous pass's sets are not used again
@@ -263,11 +263,8 @@ class CandidateProcess:
                 warm = [tools.make_inputs(self.get_inputs, self.seed)]
             else:
                 warm = [self.trials[t] for t in sorted(self.trials)]
-            held = None
-            for i in range(int(msg["calls"])):
-                held = self.model(*warm[i % len(warm)])
-            tools.sync()
-            del held, warm
+            tools.rehearse(self.model, warm, int(msg["calls"]))
+            del warm
         except BaseException as exc:
             self.fail(self.classify(exc, "runtime_error", "warm-up"))
         if msg.get("remake"):
