@@ -548,9 +548,16 @@ class FixedAction:
         self.identity = builder.actions_identity
 
     def rewrite(self, task, profile=None) -> Rewrite:
-        raw = f"action {self.action}: {ACTIONS[self.action].description}"
-        try:
-            source = self.builder.source_for(task, self.action)
-        except ValueError as exc:
-            return Rewrite(source=None, raw=raw, error=str(exc), action=self.action)
-        return Rewrite(source=source, raw=raw, action=self.action)
+        return action_rewrite(self.builder, task, self.action, "")
+
+
+def action_rewrite(builder: CandidateBuilder, task, action: str, reason: str) -> Rewrite:
+    """``action``'s candidate for ``task`` as a ``Rewrite`` (``reason`` shown in ``raw``); a task whose
+    source cannot be copied gives a ``Rewrite`` with the error, not an exception. Every action
+    rewriter's ``rewrite`` is ``decide`` followed by this."""
+    raw = f"action {action}: {ACTIONS[action].description}" + (f". Reason: {reason}" if reason else "")
+    try:
+        source = builder.source_for(task, action)
+    except ValueError as exc:
+        return Rewrite(source=None, raw=raw, error=str(exc), action=action)
+    return Rewrite(source=source, raw=raw, action=action)

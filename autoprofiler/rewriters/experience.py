@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autoprofiler.rewriters.actions import ACTIONS, ACTIONS_VERSION, FixedAction, build_source
+from autoprofiler.rewriters.actions import ACTIONS, ACTIONS_VERSION, FixedAction, action_rewrite, build_source
 from autoprofiler.rewriters.base import Rewrite
 from autoprofiler.rewriters.evidence import number
 from autoprofiler.rewriters.split import is_tuning_task
@@ -190,13 +190,7 @@ class ExperienceRewriter:
         return action, f"nearest training tasks: {which}; best mean action {action} ({mean:.2f}x geomean)"
 
     def rewrite(self, task, profile) -> Rewrite:
-        action, reason = self.decide(profile)
-        raw = f"action {action}: {ACTIONS[action].description}. Reason: {reason}"
-        try:
-            source = self.source_for(task, action)
-        except ValueError as exc:
-            return Rewrite(source=None, raw=raw, error=str(exc), action=action)
-        return Rewrite(source=source, raw=raw, action=action)
+        return action_rewrite(self, task, *self.decide(profile))
 
     # --- internals ------------------------------------------------------------------------------------
     def _names(self, groups: frozenset[str]) -> frozenset[str]:

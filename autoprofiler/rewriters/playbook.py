@@ -121,7 +121,7 @@ Example::
 
 from __future__ import annotations
 
-from autoprofiler.rewriters.actions import ACTIONS, ACTIONS_VERSION, FixedAction, build_source
+from autoprofiler.rewriters.actions import ACTIONS, ACTIONS_VERSION, FixedAction, action_rewrite, build_source
 from autoprofiler.rewriters.base import Rewrite
 from autoprofiler.rewriters.playbook_facts import Facts, PlaybookRule, Tolerances, vetoed
 from autoprofiler.rewriters.playbook_rules import NCU_RULES, TORCH_RULES
@@ -243,10 +243,4 @@ class PlaybookRewriter:
 
     def rewrite(self, task, profile) -> Rewrite:
         """Decide from ``profile`` and build that action's candidate; a task it cannot copy gives an error."""
-        action, reason = self.decide(profile)
-        raw = f"action {action}: {ACTIONS[action].description}. Reason: {reason}"
-        try:
-            source = self.source_for(task, action)
-        except ValueError as exc:
-            return Rewrite(source=None, raw=raw, error=str(exc), action=action)
-        return Rewrite(source=source, raw=raw, action=action)
+        return action_rewrite(self, task, *self.decide(profile))

@@ -94,6 +94,7 @@ from autoprofiler.rewriters.actions import (
     RULE_ACTIONS,
     Action,
     FixedAction,
+    action_rewrite,
     build_source,
     rename_model,
 )
@@ -470,10 +471,4 @@ class RuleRewriter:
 
     def rewrite(self, task, profile) -> Rewrite:
         """Decide from ``profile`` and build that action's candidate; a task it cannot copy gives an error."""
-        action, reason = self.decide(profile)
-        raw = f"action {action}: {ACTIONS[action].description}. Reason: {reason}"
-        try:
-            source = self.source_for(task, action)
-        except ValueError as exc:
-            return Rewrite(source=None, raw=raw, error=str(exc), action=action)
-        return Rewrite(source=source, raw=raw, action=action)
+        return action_rewrite(self, task, *self.decide(profile))
