@@ -244,24 +244,9 @@ class Timing:
                 )
         self.check_witness()
         self.check_memoization()
-        self.ref_med, self.ref_iqr = harness.median_iqr(self.warm_calls("ref"))
-        self.new_med, self.new_iqr = harness.median_iqr(self.warm_calls("new"))
+        self.ref_med, self.ref_iqr = harness.median_iqr([ms for r in self.rows for ms in r["ref"]])
+        self.new_med, self.new_iqr = harness.median_iqr([ms for r in self.rows for ms in r["new"]])
         self.check_spread(self.ref_med, self.new_med)
-
-    def warm_calls(self, side: str) -> list[float]:
-        """The per-call times the reported medians use: every call but the first of a block of several.
-
-        A block's first call follows the other process's block on the same core, so it runs on caches
-        the other model filled (measured on the 2-CPU machine: 40-80 us against 30 us for a small bmm),
-        for the reference and the candidate alike; with ~12 blocks of ~8-12 calls these cold calls
-        were an eighth of the sample and spread the identity speedup of small tasks to 0.83-1.07. They
-        stay in everything the witness, the spread and the memoization checks add up; a first use of a
-        set is a block of one call and is kept."""
-        out: list[float] = []
-        for row in self.rows:
-            ms = row[side]
-            out += ms[1:] if len(ms) > 1 else ms
-        return out
 
     def result(self, n_trials: int) -> dict:
         referee = self.referee
