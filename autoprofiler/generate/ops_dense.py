@@ -41,75 +41,43 @@ def _last_axis_gemm(x: TensorSpec, ctx: BuildContext, stem: str):
     return fin, name, out, flops, f_full * g_full
 
 
-def _build_linear(x: TensorSpec, ctx: BuildContext) -> Built | None:
-    shared = _last_axis_gemm(x, ctx, "OUT_FEATURES")
-    if shared is None:
-        return None
-    fin, name, out, flops, params = shared
-    i = ctx.index
-    return Built(
-        apis=("torch.nn.Linear",),
-        out=out,
-        init=(f"self.linear{i} = nn.Linear({fin}, {name})",),
-        forward=(f"x = self.linear{i}(x)",),
-        flops=flops,
-        matmul=True,
-        params=params,
-    )
+def _last_axis_gemm_op(api: str, init: tuple[str, ...], forward: str):
+    """A builder of one GEMM over the last axis (linear, matmul, einsum, addmm): ``init`` and
+    ``forward`` are templates over ``{i}`` (the op's index), ``{fin}`` and ``{name}`` (the in and out
+    feature sizes)."""
+
+    def build(x: TensorSpec, ctx: BuildContext) -> Built | None:
+        shared = _last_axis_gemm(x, ctx, "OUT_FEATURES")
+        if shared is None:
+            return None
+        fin, name, out, flops, params = shared
+        fields = {"i": ctx.index, "fin": fin, "name": name}
+        return Built(
+            apis=(api,),
+            out=out,
+            init=tuple(line.format(**fields) for line in init),
+            forward=(forward.format(**fields),),
+            flops=flops,
+            matmul=True,
+            params=params,
+        )
+
+    return build
 
 
-def _build_matmul(x: TensorSpec, ctx: BuildContext) -> Built | None:
-    shared = _last_axis_gemm(x, ctx, "OUT_FEATURES")
-    if shared is None:
-        return None
-    fin, name, out, flops, params = shared
-    i = ctx.index
-    return Built(
-        apis=("torch.matmul",),
-        out=out,
-        init=(f"self.weight{i} = nn.Parameter(torch.randn({fin}, {name}) / math.sqrt({fin}))",),
-        forward=(f"x = torch.matmul(x, self.weight{i})",),
-        flops=flops,
-        matmul=True,
-        params=params,
-    )
-
-
-def _build_einsum(x: TensorSpec, ctx: BuildContext) -> Built | None:
-    shared = _last_axis_gemm(x, ctx, "OUT_FEATURES")
-    if shared is None:
-        return None
-    fin, name, out, flops, params = shared
-    i = ctx.index
-    return Built(
-        apis=("torch.einsum",),
-        out=out,
-        init=(f"self.weight{i} = nn.Parameter(torch.randn({fin}, {name}) / math.sqrt({fin}))",),
-        forward=(f'x = torch.einsum("nlf,fg->nlg", x, self.weight{i})',),
-        flops=flops,
-        matmul=True,
-        params=params,
-    )
-
-
-def _build_addmm(x: TensorSpec, ctx: BuildContext) -> Built | None:
-    shared = _last_axis_gemm(x, ctx, "OUT_FEATURES")
-    if shared is None:
-        return None
-    fin, name, out, flops, params = shared
-    i = ctx.index
-    return Built(
-        apis=("torch.addmm",),
-        out=out,
-        init=(
-            f"self.weight{i} = nn.Parameter(torch.randn({fin}, {name}) / math.sqrt({fin}))",
-            f"self.bias{i} = nn.Parameter(torch.randn({name}))",
-        ),
-        forward=(f"x = torch.addmm(self.bias{i}, x, self.weight{i})",),
-        flops=flops,
-        matmul=True,
-        params=params,
-    )
+_WEIGHT = "self.weight{i} = nn.Parameter(torch.randn({fin}, {name}) / math.sqrt({fin}))"
+_build_linear = _last_axis_gemm_op(
+    "torch.nn.Linear", ("self.linear{i} = nn.Linear({fin}, {name})",), "x = self.linear{i}(x)"
+)
+_build_matmul = _last_axis_gemm_op("torch.matmul", (_WEIGHT,), "x = torch.matmul(x, self.weight{i})")
+_build_einsum = _last_axis_gemm_op(
+    "torch.einsum", (_WEIGHT,), 'x = torch.einsum("nlf,fg->nlg", x, self.weight{i})'
+)
+_build_addmm = _last_axis_gemm_op(
+    "torch.addmm",
+    (_WEIGHT, "self.bias{i} = nn.Parameter(torch.randn({name}))"),
+    "x = torch.addmm(self.bias{i}, x, self.weight{i})",
+)
 
 
 def _build_bmm_gram(x: TensorSpec, ctx: BuildContext) -> Built | None:
