@@ -551,6 +551,17 @@ class FixedAction:
         return action_rewrite(self.builder, task, self.action, "")
 
 
+def check_choices(default_action: str, rules, actions) -> None:
+    """An action rewriter's settings: its default and every rule's action are among ``actions``.
+
+    Raises ``ValueError`` naming the default or the rules that are not."""
+    if default_action not in actions:
+        raise ValueError(f"default_action must be one of {sorted(actions)}, got {default_action!r}")
+    unknown = [rule.name for rule in rules if rule.action not in actions]
+    if unknown:
+        raise ValueError(f"rules {unknown} name actions outside {sorted(actions)}")
+
+
 def action_rewrite(builder: CandidateBuilder, task, action: str, reason: str) -> Rewrite:
     """``action``'s candidate for ``task`` as a ``Rewrite`` (``reason`` shown in ``raw``); a task whose
     source cannot be copied gives a ``Rewrite`` with the error, not an exception. Every action

@@ -121,7 +121,14 @@ Example::
 
 from __future__ import annotations
 
-from autoprofiler.rewriters.actions import ACTIONS, ACTIONS_VERSION, FixedAction, action_rewrite, build_source
+from autoprofiler.rewriters.actions import (
+    ACTIONS,
+    ACTIONS_VERSION,
+    FixedAction,
+    action_rewrite,
+    build_source,
+    check_choices,
+)
 from autoprofiler.rewriters.base import Rewrite
 from autoprofiler.rewriters.playbook_facts import Facts, PlaybookRule, Tolerances, vetoed
 from autoprofiler.rewriters.playbook_rules import NCU_RULES, TORCH_RULES
@@ -163,11 +170,7 @@ class PlaybookRewriter:
         bf16_min_tolerance: float = 1e-1,
         rules: tuple[PlaybookRule, ...] = RULES,
     ):
-        if default_action not in ACTIONS:
-            raise ValueError(f"default_action must be one of {sorted(ACTIONS)}, got {default_action!r}")
-        unknown = [rule.name for rule in rules if rule.action not in ACTIONS]
-        if unknown:
-            raise ValueError(f"rules {unknown} name actions outside {sorted(ACTIONS)}")
+        check_choices(default_action, rules, ACTIONS)
         settings = {
             "default_action": default_action,
             "tolerance": float(tolerance),

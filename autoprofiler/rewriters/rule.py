@@ -96,6 +96,7 @@ from autoprofiler.rewriters.actions import (
     FixedAction,
     action_rewrite,
     build_source,
+    check_choices,
     rename_model,
 )
 from autoprofiler.rewriters.base import Rewrite
@@ -394,11 +395,7 @@ class RuleRewriter:
         tf32_min_tolerance: float = 1e-2,
         rules: tuple[Rule, ...] = RULES,
     ):
-        if default_action not in ACTIONS:
-            raise ValueError(f"default_action must be one of {sorted(ACTIONS)}, got {default_action!r}")
-        unknown = [rule.name for rule in rules if rule.action not in ACTIONS]
-        if unknown:
-            raise ValueError(f"rules {unknown} name actions outside {sorted(ACTIONS)}")
+        check_choices(default_action, rules, ACTIONS)
         self.default_action = default_action
         self.compile_mode = compile_mode
         self.tolerance = float(tolerance)
