@@ -380,6 +380,24 @@ def test_joint_record_goes_batch_by_batch_and_stops_between_batches(tmp_path):
     assert summary["complete"] and summary["profile_rows"] == 5 * len(groups)
 
 
+def test_record_in_chunks_finishes_each_chunk_before_the_next(tmp_path):
+    """chunk=2 over 5 tasks, one group per profiled process: each chunk's groups, then its actions,
+    before the next chunk's profiles; a budget already spent starts nothing."""
+    groups = list(fx.RECORDED_GROUPS)
+    prof = BatchProfiler()
+    env = LiveEnvironment(prof, RuleRewriter(), ScriptedEvaluator(), tmp_path / "a")
+    summary = record(TASKS[:5], env, groups, chunk=2)
+    assert [len(hashes) for hashes, _ in prof.batches] == [2] * len(groups) + [2] * len(groups) + [1] * len(
+        groups
+    )
+    assert all(len(g) == 1 for _, g in prof.batches)  # each group its own process
+    assert summary["complete"] and summary["profile_rows"] == 5 * len(groups)
+    assert summary["evaluations"] == 5 * len(RuleRewriter.actions())
+    spent = LiveEnvironment(BatchProfiler(), RuleRewriter(), ScriptedEvaluator(), tmp_path / "b")
+    summary = record(TASKS[:5], spent, groups, chunk=2, max_seconds=0.0)
+    assert not summary["complete"] and summary["profile_rows"] == 0 and summary["evaluations"] == 0
+
+
 def test_derive_configuration_rows_from_actions_and_profiles(tmp_path):
     """A recording with action rows only (``oracle_sweep --evaluate-only``): every configuration row the
     rule rewriter implies is written once, equal to the replayed outcome; a task missing a group is listed."""

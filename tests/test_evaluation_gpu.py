@@ -50,6 +50,11 @@ CASES = {p.name: read_case(p) for p in sorted(CORPUS_DIR.glob("*.py"))}
 def gpu_evaluator():
     with Evaluator(GPU, spares=2) as ev:
         yield ev
+    _save_measured()
+
+
+def _save_measured() -> None:
+    """Write what was measured so far (after every test: a run cut off by a time limit keeps it)."""
     out = os.environ.get("AUTOPROFILER_BENCH_OUT")
     if out and MEASURED:
         import torch
@@ -80,6 +85,7 @@ def _record(name: str, result) -> None:
         k: result.details.get(k)
         for k in ("witness", "memo", "spread", "timed_twice", "block_size", "candidate_worker", "phase_s")
     }
+    _save_measured()
 
 
 def _identity_ok(ev, task_name: str = "relu_cuda"):
@@ -161,6 +167,7 @@ def test_candidate_host_memory_limit_on_cuda():
         "error_kind": result.error_kind,
         "error": result.error[:300],
     }
+    _save_measured()
     if not limits.startswith("RLIMIT_DATA"):
         pytest.skip(f"no host memory limit on this CUDA driver: {limits}")
     assert result.error_kind == "runtime_error" and "MemoryError" in result.error, result.summary()

@@ -182,12 +182,61 @@ def test_torch_source_on_the_gpu():
     save_profiles("torch_cuda", {"l1/matmul_square": matmul, "l1/relu": relu})
 
 
+RANGE_RESULTS: dict = {}
+
+
+@pytest.fixture(scope="module")
+def range_profiler():
+    """One profiler for the per-group range-replay tests (it carries what ncu refused between them);
+    at the end, what was learned goes to ``$AUTOPROFILER_BENCH_OUT/range_unsupported.json`` (the format
+    of ``autoprofiler/profiling/range_unsupported.json``)."""
+    profiler = make_profiler(range_replay_above=1)
+    yield profiler
+    out = os.environ.get("AUTOPROFILER_BENCH_OUT")
+    if out and RANGE_RESULTS:
+        from autoprofiler.profiling.groups import RANGE_UNSUPPORTED
+
+        Path(out).mkdir(parents=True, exist_ok=True)
+        data = {
+            "unsupported": sorted(RANGE_UNSUPPORTED | profiler.range_dropped),
+            "learned_now": sorted(profiler.range_dropped),
+            "source": profiler.environment.tool,
+            "device": profiler.environment.device,
+            "groups": RANGE_RESULTS,
+        }
+        (Path(out) / "range_unsupported.json").write_text(json.dumps(data, indent=1) + "\n")
+
+
+@pytest.mark.parametrize("group", [g for g in NCU_GROUPS if g != "root"])
+def test_each_group_by_range_replay(range_profiler, group):
+    """Each ncu group collects by range replay on a task of several kernels (l2/linear_gelu): the
+    metrics ncu refuses over a range are dropped (and remembered), the rest are finite range values."""
+    import time
+
+    from autoprofiler.profiling.groups import ncu_request_metrics
+
+    task = suite_task("l2/linear_gelu")
+    start = time.monotonic()
+    profile = range_profiler.collect(task, ["root", group])
+    asked = [m for m in ncu_request_metrics([group]) if m != "gpu__time_duration.sum"]
+    kept = [m for m in asked if m in profile.metrics]
+    finite = [m for m in kept if math.isfinite(profile.metrics[m])]
+    RANGE_RESULTS[group] = {
+        "asked": len(asked),
+        "kept": kept,
+        "dropped": sorted(set(asked) - set(kept)),
+        "finite": len(finite),
+        "seconds": round(time.monotonic() - start, 1),
+        "replay": [r.groups for r in range_profiler.runs][-1:],
+    }
+    assert range_profiler.runs[-1].ok, range_profiler.runs[-1]
+    assert finite, f"{group}: no finite metric by range replay ({RANGE_RESULTS[group]})"
+
+
 def test_range_replay_on_a_task_with_many_kernels():
     """range_replay_above on the H200: rowwise_loop_normalize (about 1,280 launches per forward) gets its
     root by kernel replay, then every other group by range replay in one more process: finite range-level
     values, the root's kernel count, in minutes rather than the >9 minutes kernel replay took.
-
-    Not run yet (written after the session-3 device time was spent): run it first next session.
     """
     import time
 

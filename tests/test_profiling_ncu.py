@@ -239,6 +239,14 @@ FAKE_NCU = textwrap.dedent(
         sys.exit(1)
     if mode == "hang":
         time.sleep(60)
+    refused = [m for m in os.environ.get("FAKE_NCU_RANGE_REFUSE", "").split(",") if m]
+    if "--replay-mode" in args and "--metrics" in args:  # as ncu 2025.3 does: one error line per metric
+        asked = args[args.index("--metrics") + 1].split(",")
+        named = [m for m in refused if m in asked]
+        if named:
+            for m in named:
+                print("==ERROR== Metric %s is not supported in range replay" % m)
+            sys.exit(1)
     if "-i" in args:  # export: the real capture, rows dealt to the job's tasks by NVTX range
         state = json.load(open(args[args.index("-i") + 1]))
         lines = [l for l in open(state["fixture"]).read().splitlines() if l.startswith('"')]
@@ -435,6 +443,30 @@ def test_range_replay_for_tasks_with_many_kernels(fake_ncu, monkeypatch):
     few.collect(tiny_task("short"), ["root", "occupancy"])
     runs = [json.loads(line) for line in fake_ncu.read_text().splitlines() if '"-o"' in line]
     assert len(runs) == 2 and not any("--replay-mode" in r for r in runs)  # few kernels: kernel replay
+
+
+def test_range_replay_drops_the_metrics_ncu_refuses(fake_ncu, monkeypatch):
+    """A metric ncu cannot collect over a range fails the run with "Metric X is not supported in range
+    replay": the profiler drops what it names, runs again without it, and asks no later range run for
+    it; kernel replay still asks for every metric."""
+    from autoprofiler.profiling.groups import ncu_request_metrics
+
+    refused = ["sm__warps_active.avg.pct_of_peak_sustained_active"]  # occupancy's counter
+    monkeypatch.setenv("FAKE_NCU_RANGE_FIXTURE", str(FIXTURES / "torch_linear_gelu_range_replay.csv"))
+    monkeypatch.setenv("FAKE_NCU_RANGE_REFUSE", ",".join(refused))
+    profiler = Profiler(source="ncu", device="cuda", task_size="small", range_replay_above=2)
+    profile = profiler.collect(tiny_task("refused"), ["root", "occupancy"])
+    runs = [json.loads(line) for line in fake_ncu.read_text().splitlines() if '"-o"' in line]
+    asked = [r[r.index("--metrics") + 1].split(",") for r in runs]
+    assert ["--replay-mode" in r for r in runs] == [False, True, True]  # root, refused range, again
+    assert refused[0] in asked[1] and refused[0] not in asked[2]
+    assert profiler.range_dropped == set(refused) and refused[0] not in profile.metrics
+    assert "launch__waves_per_multiprocessor" in profile.metrics  # the rest of the group is there
+    fake_ncu.write_text("")
+    profiler.collect(tiny_task("refused-again"), ["root", "occupancy"])
+    runs = [json.loads(line) for line in fake_ncu.read_text().splitlines() if '"-o"' in line]
+    assert len(runs) == 2 and refused[0] not in runs[1][runs[1].index("--metrics") + 1].split(",")
+    assert refused[0] in ncu_request_metrics(["occupancy"])  # kernel replay: unchanged
 
 
 def test_recording_seeds_range_replay_from_a_recorded_root(fake_ncu, monkeypatch, tmp_path):

@@ -109,6 +109,8 @@ def check(cfg: dict) -> list[str]:
         problems.append(f"seeds: expected a non-empty list of integers, got {cfg['seeds']!r}")
     if isinstance(cfg["joint_batch"], int) and cfg["joint_batch"] < 1:
         problems.append(f"joint_batch: expected an integer >= 1, got {cfg['joint_batch']!r}")
+    if cfg["chunk"] is not None and (type(cfg["chunk"]) is not int or cfg["chunk"] < 1):
+        problems.append(f"chunk: expected null or an integer >= 1, got {cfg['chunk']!r}")
     if cfg["analyse_only"] is True and isinstance(cfg["out_dir"], str):
         if not (Path(cfg["out_dir"]) / "rewards").is_dir():
             problems.append(f"analyse_only: {cfg['out_dir']!r} holds no recording (no rewards/ folder)")
@@ -148,6 +150,7 @@ def record_suite(cfg: dict, tasks: list, out: Path) -> dict:
             max_seconds=cfg["max_seconds"],
             joint=cfg["joint"],
             joint_batch=cfg["joint_batch"],
+            chunk=cfg["chunk"],
             actions=cfg["actions"] or None,
         )
         summary["provenance"] = env.runner_provenance().as_row()

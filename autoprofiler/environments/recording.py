@@ -50,8 +50,12 @@ def record(
     joint: bool = False,
     joint_batch: int = 8,
     actions: Sequence[str] | None = None,
+    chunk: int | None = None,
 ) -> dict[str, Any]:
     """Profile every task with every group, evaluate every rule action, write every configuration's row.
+
+    ``chunk``: record ``chunk`` tasks at a time, profiles then actions, before the next (a stop then
+    leaves whole tasks; without ``joint``, each group is still its own profiled process per chunk).
 
     Profiles: with ``joint``, every missing group of ``joint_batch`` tasks at a time in one profiled
     process per worker (cost shared among the groups by catalog pass counts); without, one group at a
@@ -64,6 +68,10 @@ def record(
     Returns a summary: counts, failures ``[{"task_id", "stage", "error"}]``, seconds, complete.
     """
     t0 = time.monotonic()
+    if chunk:
+        return _record_in_chunks(
+            tasks, env, groups, configurations, seeds, max_seconds, joint, joint_batch, actions, chunk
+        )
     deadline = None if max_seconds is None else t0 + max_seconds
     out_of_time = lambda: deadline is not None and time.monotonic() > deadline  # noqa: E731
     failures: list[dict[str, str]] = []
@@ -127,6 +135,40 @@ def record(
         "failures": failures,
         "seconds": round(time.monotonic() - t0, 2),
         "complete": complete and not out_of_time(),
+        "status": dict(Counter(str(r.error_kind) for r in rows)),
+    }
+
+
+def _record_in_chunks(
+    tasks, env, groups, configurations, seeds, max_seconds, joint, joint_batch, actions, chunk
+) -> dict[str, Any]:
+    """``record`` over ``chunk`` tasks at a time within one budget; one summary for all."""
+    t0 = time.monotonic()
+    failures: list[dict[str, str]] = []
+    complete, done_actions = True, []
+    for i in range(0, len(tasks), chunk):
+        left = None if max_seconds is None else max_seconds - (time.monotonic() - t0)
+        if left is not None and left <= 0:
+            complete = False
+            break
+        part = record(
+            tasks[i : i + chunk], env, groups, configurations, seeds, left, joint, joint_batch, actions
+        )
+        logger.info("recorded tasks %d-%d of %d", i + 1, min(i + chunk, len(tasks)), len(tasks))
+        failures += part["failures"]
+        complete = complete and part["complete"]
+        done_actions = list(dict.fromkeys(done_actions + part["actions"]))
+    rows = env.rewards.rows()
+    return {
+        "tasks": len(tasks),
+        "groups": list(groups),
+        "actions": done_actions,
+        "profile_rows": len(env.profiles),
+        "reward_rows": len(rows),
+        "evaluations": env.stats.evaluations,
+        "failures": failures,
+        "seconds": round(time.monotonic() - t0, 2),
+        "complete": complete,
         "status": dict(Counter(str(r.error_kind) for r in rows)),
     }
 

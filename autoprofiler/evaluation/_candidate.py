@@ -176,7 +176,9 @@ class CandidateProcess:
         self.full = bool(memory.get("full", True))
         cap = memory.get("cap_bytes")
         if self.tools.is_cuda and isinstance(cap, int) and cap > 0:
-            torch, device = self.torch, self.tools.device
+            torch = self.torch
+            index = torch.device(self.tools.device).index  # the setter wants an index ("cuda" has none)
+            device = torch.cuda.current_device() if index is None else index
             total = torch.cuda.mem_get_info(device)[1]
             torch.cuda.set_per_process_memory_fraction(min(1.0, cap / total), device)
             self.cap = cap

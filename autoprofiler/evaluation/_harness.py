@@ -754,12 +754,16 @@ def worker_main(args: argparse.Namespace) -> None:
 
     job = json.loads(sys.stdin.read())
     job["worker"] = {"user": user, "limits": limits}
+    code = 0
     try:
         module.serve(job, tools, channel, link)
+    except BaseException:  # a harness bug: its traceback goes to the stderr log the parent reports
+        traceback.print_exc()
+        code = 1
     finally:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(0)  # skip atexit handlers and finalizers the candidate may have registered
+        os._exit(code)  # skip atexit handlers and finalizers the candidate may have registered
 
 
 def _forbid_inspection() -> None:

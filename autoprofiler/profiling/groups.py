@@ -62,6 +62,21 @@ ROOT_GROUP = "root"
 TORCH_ROOT_GROUP = "torch_root"
 DURATION_METRIC = "gpu__time_duration.sum"  # always collected: the weight of every aggregation
 COSTS_PATH = Path(__file__).with_name("group_costs.json")
+RANGE_PATH = Path(__file__).with_name("range_unsupported.json")
+
+
+def _range_unsupported() -> frozenset[str]:
+    """Metrics ncu refuses under ``--replay-mode range`` ("Metric ... is not supported in range
+    replay"), as learned on a GPU by ``bench/ncu_range_metrics.py`` (``range_unsupported.json``). A
+    metric it does not list yet is learned at run time: the profiler drops what ncu names and retries."""
+    try:
+        data = json.loads(RANGE_PATH.read_text())
+    except (OSError, ValueError):
+        return frozenset()
+    return frozenset(m for m in data.get("unsupported", []) if isinstance(m, str))
+
+
+RANGE_UNSUPPORTED = _range_unsupported()
 
 # Columns that every raw ncu report carries whatever --metrics says (launch statistics, theoretical
 # occupancy): never requested, validated against a captured header instead of the metric catalog.
@@ -420,9 +435,13 @@ def group_metrics(groups: Iterable[str]) -> list[str]:
     return list(seen)
 
 
-def ncu_request_metrics(groups: Iterable[str]) -> list[str]:
-    """The ``--metrics`` list for these ncu groups: counters only, plus the kernel duration."""
+def ncu_request_metrics(groups: Iterable[str], replay: str = "kernel") -> list[str]:
+    """The ``--metrics`` list for these ncu groups: counters only, plus the kernel duration.
+
+    ``replay="range"``: less the metrics ncu cannot collect over a range (``RANGE_UNSUPPORTED``)."""
     metrics = [m for m in group_metrics(groups) if is_counter_metric(m)]
+    if replay == "range":
+        metrics = [m for m in metrics if m not in RANGE_UNSUPPORTED]
     if DURATION_METRIC not in metrics:
         metrics.append(DURATION_METRIC)
     return metrics

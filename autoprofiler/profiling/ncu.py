@@ -44,6 +44,7 @@ _NUMBER_RE = re.compile(r"^[-+]?(\d{1,3}(,\d{3})+|\d+)(\.\d*)?([eE][-+]?\d+)?$")
 _MISSING = {"", "n/a", "N/A", "nan", "NaN", "-nan", "inf", "-inf"}
 _PERMISSION_MARKER = "ERR_NVGPUCTRPERM"
 _NO_KERNELS_MARKERS = ("No kernels were profiled",)
+_RANGE_UNSUPPORTED = re.compile(r"Metric (\S+) is not supported in range replay")
 
 # Units ncu may print when not in base mode, mapped to (base unit, factor).
 _TIME_UNITS = {
@@ -300,6 +301,15 @@ def run_command(
             f"timed out after {timeout_s:.0f} s: {' '.join(cmd[:3])} ...\n{tail(stdout + stderr)}"
         ) from None
     return Completed(proc.returncode, stdout, stderr, time.monotonic() - start)
+
+
+def range_unsupported(output: str) -> list[str]:
+    """The metrics an ncu error output says range replay cannot collect.
+
+    >>> range_unsupported("==ERROR== Metric sm__x.sum is not supported in range replay")
+    ['sm__x.sum']
+    """
+    return list(dict.fromkeys(_RANGE_UNSUPPORTED.findall(output)))
 
 
 def tail(text: str, lines: int = 25) -> str:

@@ -52,6 +52,7 @@ KERNEL_COUNT = "derived__kernel_count"
 # Task-level values a range-replay row cannot know (it is one row for the whole range): the root's.
 ROOT_OWNED = (KERNEL_COUNT, DURATION_METRIC, "derived__launch_overhead_share")
 TASK_SIZES = ("full", "small")
+RANGE_RETRIES = 8  # range-replay runs that may each drop the metrics ncu names as unsupported
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -135,6 +136,7 @@ class Profiler:
         self._environment = environment
         self._memory: dict[str, Profile] = {}
         self.runs: list[RunRecord] = []
+        self.range_dropped: set[str] = set()  # metrics ncu refused under range replay, learned here
 
     # --- identity ----------------------------------------------------------------------------------
     @property
@@ -396,8 +398,8 @@ class Profiler:
         ok = False
         try:
             tag = f"{'+'.join(groups)}__{replay}__{'+'.join(t.hash for t in tasks)[:120]}"
-            metrics = ncu_request_metrics(groups) if self.source == "ncu" else None
-            table, result, seconds = self._execute(tasks, metrics, (), tag, replay)
+            metrics = ncu_request_metrics(groups, replay) if self.source == "ncu" else None
+            table, result, seconds = self._execute_learning(tasks, metrics, tag, replay)
             seconds /= len(tasks)
             profiles, errors = {}, {}
             by_task = ncu_mod.split_by_task(table, [t.hash for t in tasks]) if table is not None else {}
@@ -439,6 +441,24 @@ class Profiler:
             return profiles, errors
         finally:
             self.runs.append(RunRecord(tuple(t.hash for t in tasks), groups, time.monotonic() - start, ok))
+
+    def _execute_learning(self, tasks, metrics: list[str] | None, tag: str, replay: str) -> tuple:
+        """``_execute``; under range replay, a metric ncu says it cannot collect over a range is dropped
+        (remembered in ``range_dropped`` for this profiler's later runs) and the run made again."""
+        if replay != "range" or metrics is None:
+            return self._execute(tasks, metrics, (), tag, replay)
+        metrics = [m for m in metrics if m not in self.range_dropped]
+        for _ in range(RANGE_RETRIES):
+            try:
+                return self._execute(tasks, metrics, (), tag, replay)
+            except ProgramFailed as exc:
+                named = [m for m in ncu_mod.range_unsupported(str(exc)) if m in metrics]
+                if not named or named == [DURATION_METRIC]:
+                    raise
+                log.warning("range replay: ncu cannot collect %s over a range; dropped", ", ".join(named))
+                self.range_dropped.update(named)
+                metrics = [m for m in metrics if m not in named]
+        return self._execute(tasks, metrics, (), tag, replay)
 
     @staticmethod
     def _read_result(workdir: Path, console: str) -> dict:

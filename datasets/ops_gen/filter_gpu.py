@@ -7,6 +7,7 @@ bench/h200_filter_generated.sh; `time` first, with the GPU to itself, then `comp
 workers on the tasks whose time passed):
     python datasets/ops_gen/filter_gpu.py --stage time --device cuda --max-seconds 480
     python datasets/ops_gen/filter_gpu.py --stage compile --device cuda --workers 12 --max-seconds 330
+    python datasets/ops_gen/filter_gpu.py --stage time --only datasets/recorded/h200/selection.txt
 CPU smoke test (size small; what the GPU run does, on a few tasks; backend eager skips inductor):
     python datasets/ops_gen/filter_gpu.py --stage time --device cpu --limit 3 --verdicts /tmp/v.jsonl
     python datasets/ops_gen/filter_gpu.py --stage compile --device cpu --limit 3 --verdicts /tmp/v.jsonl
@@ -50,6 +51,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--limit", type=int, default=0, help="at most this many tasks (0: all)")
     parser.add_argument(
+        "--only", default="", help="a file of task hashes (its last column; '#' comments): only those"
+    )
+    parser.add_argument(
         "--backend", default="", help="torch.compile backend (default: inductor; eager on CPU)"
     )
     parser.add_argument("--repeats", type=int, default=10, help="timed eager forwards (after 3 warm-up)")
@@ -61,6 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--device must be cpu, cuda or cuda:N, got {args.device!r}")
     if not Path(args.table).is_file():
         parser.error(f"--table {args.table}: no such file")
+    if args.only and not Path(args.only).is_file():
+        parser.error(f"--only {args.only}: no such file")
     if args.workers < 0 or args.limit < 0 or args.repeats < 1:
         parser.error("--workers and --limit must be >= 0, --repeats >= 1")
     return args
@@ -77,7 +83,12 @@ def main(argv=None) -> int:
     backend = args.backend or ("inductor" if cuda else "eager")
     log_path = Path(args.verdicts) if args.verdicts else Path(args.table).with_name("gpu_verdicts.jsonl")
     columns = ["hash", "code", "data_source", "dtype", "est_full_ms", "est_full_peak_gib"]
-    tasks = pq.read_table(args.table, columns=columns).to_pylist()
+    tasks = table_tasks = pq.read_table(args.table, columns=columns).to_pylist()
+    if args.only:
+        lines = [ln.split()[-1] for ln in Path(args.only).read_text().splitlines() if ln.strip()]
+        only = [h for h in lines if not h.startswith("#")]
+        by_hash = {t["hash"]: t for t in tasks}
+        tasks = [by_hash[h] for h in only if h in by_hash]  # in the file's order
     verdicts = read_verdicts(log_path)
 
     # -- which tasks: not yet done at this stage, or out of memory while sharing the GPU -------------
@@ -151,7 +162,7 @@ def main(argv=None) -> int:
             pool.run([job(t) for t in retry], on_result=record(retry), stop_at=stop_at)
 
     verdicts = read_verdicts(log_path)
-    summary = write_summary(tasks, verdicts, log_path.with_suffix(".parquet"))
+    summary = write_summary(table_tasks, verdicts, log_path.with_suffix(".parquet"))
     remaining = sum(pending(t) for t in tasks)
     print(
         f"{args.stage}: {counts['ok']} passed, {counts['failed']} failed this run; remaining {remaining}; "

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The H200 recording of generated tasks (issue 11), one resumable call at a time:
+#   OUT=/tmp/out SECONDS_LEFT=480 bash bench/h200_record_generated.sh
+# 1. the GPU time filter (eager 1-100 ms at full size) on the tasks of datasets/recorded/h200/selection.txt
+#    not judged yet, continuing datasets/ops_gen/gpu_verdicts.jsonl;
+# 2. workflows/oracle_sweep.py with datasets/recorded/h200/record.yaml, its filter narrowed to the tasks
+#    that passed, --resume: 8 tasks at a time, every ncu group in its own profiled process per chunk
+#    (passes measured per group), then the rule actions of those tasks; stops starting work at the budget.
+# Then here: unpack $OUT/rec.tgz over the repo root (datasets/recorded/h200, datasets/ops_gen/gpu_verdicts.*)
+# and commit before the next call.
+set -u
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-} RAY_USAGE_STATS_ENABLED=0
+OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
+START=$(date +%s); BUDGET=${SECONDS_LEFT:-480}
+left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+REC=datasets/recorded/h200
+FILTER_S=${FILTER_SECONDS:-90}
+timeout -k 5 $((FILTER_S + 30)) python3 datasets/ops_gen/filter_gpu.py --stage time --device cuda \
+  --only $REC/selection.txt --max-seconds "$FILTER_S" --timeout 60 > "$OUT/filter_time.log" 2>&1
+echo "time filter rc=$?: $(tail -1 "$OUT/filter_time.log")"
+python3 - "$REC" <<'PY'
+import json, sys
+from pathlib import Path
+rec = Path(sys.argv[1])
+ok = set()
+for line in Path("datasets/ops_gen/gpu_verdicts.jsonl").read_text().splitlines():
+    row = json.loads(line)
+    if row.get("stage") == "time":
+        (ok.add if row.get("ok") else ok.discard)(row["hash"])
+ids = [ln.split("\t")[0] for ln in (rec / "selection.txt").read_text().splitlines()
+       if ln and not ln.startswith("#") and ln.split("\t")[1] in ok]
+text = (rec / "record.yaml").read_text().splitlines()
+text = [f"filter: {json.dumps(ids)}" if ln.startswith("filter:") else ln for ln in text]
+Path("/tmp/record_generated.yaml").write_text("\n".join(text) + "\n")
+print(f"{len(ids)} selected tasks passed the time filter")
+PY
+BUDGET_REC=$(( $(left) - 45 ))
+if [ "$BUDGET_REC" -gt 60 ]; then
+  timeout -k 10 $((BUDGET_REC + 40)) python3 workflows/oracle_sweep.py --config /tmp/record_generated.yaml \
+    --resume max_seconds=$BUDGET_REC > "$OUT/record_generated.log" 2>&1
+  echo "record rc=$?"; grep -v "ncu: profiling:" "$OUT/record_generated.log" | grep -v "^\s" | tail -12
+else
+  echo "no time left to record"
+fi
+tar czf "$OUT/rec.tgz" --exclude=.timing.lock $REC datasets/ops_gen/gpu_verdicts.jsonl datasets/ops_gen/gpu_verdicts.parquet 2>/dev/null

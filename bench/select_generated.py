@@ -1,0 +1,85 @@
+"""Choose the generated tasks the H200 recording takes, and write its recording config.
+
+    python bench/select_generated.py            # writes datasets/recorded/h200/selection.txt + record.yaml
+
+Rule (fixed before any of them was recorded): from ``datasets/ops_gen/tasks.parquet``, tasks whose
+*estimated* full-size eager time is at most 4 ms and estimated peak memory at most 3 GiB (a device call
+profiles every group of a chunk of tasks in minutes, not hours), taken round-robin over the number of
+composed operators (``torch#1`` .. ``torch#5``), each tier in content-hash order, until ``--count``.
+The GPU time filter (``datasets/ops_gen/filter_gpu.py --only selection.txt``) then keeps those whose
+*measured* eager time is 1-100 ms; ``bench/h200_record_generated.sh`` records those, chunk by chunk.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLE = ROOT / "datasets" / "ops_gen" / "tasks.parquet"
+OUT = ROOT / "datasets" / "recorded" / "h200"
+MAX_EST_MS, MAX_EST_GIB = 4.0, 3.0
+
+CONFIG = """\
+# The H200 recording of generated tasks (written by bench/select_generated.py; run by
+# bench/h200_record_generated.sh, which narrows `filter` to the tasks whose GPU time filter passed).
+# Keys and their meaning: workflows/oracle_sweep.yaml. Evaluation settings as datasets/h200_suite's.
+out_dir: datasets/recorded/h200
+tasks: datasets/ops_gen/tasks.parquet
+filter: {filter}
+source: ncu
+device: cuda
+task_size: full
+eval: {{timing_trials: 50, warmup: 5, correctness_trials: 3, timeout_s: 180.0}}
+joint: false
+chunk: 8
+range_replay_above: 64
+runtime: {{ray: false, workers: null, concurrency: 6}}
+"""
+
+
+def select(rows: list[dict], count: int) -> list[dict]:
+    """The rule of the module docstring."""
+    cheap = [r for r in rows if r["est_full_ms"] <= MAX_EST_MS and r["est_full_peak_gib"] <= MAX_EST_GIB]
+    tiers = {}
+    for r in sorted(cheap, key=lambda r: r["hash"]):
+        tiers.setdefault(r["data_source"], []).append(r)
+    order = [tiers[k] for k in sorted(tiers)]
+    chosen: list[dict] = []
+    while len(chosen) < count and any(order):
+        for tier in order:
+            if tier and len(chosen) < count:
+                chosen.append(tier.pop(0))
+    return chosen
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--count", type=int, default=255, help="tasks to choose (the suite adds 45: 300)")
+    args = p.parse_args(argv)
+    import pyarrow.parquet as pq
+
+    columns = ["data_source", "hash", "est_full_ms", "est_full_peak_gib"]
+    rows = pq.read_table(TABLE, columns=columns).to_pylist()
+    for index, r in enumerate(rows):
+        r["id"] = f"{r['data_source']}/row{index}"  # as autoprofiler.tasks.load_ops_table names it
+    chosen = select(rows, args.count)
+    if len(chosen) < args.count:
+        print(f"error: only {len(chosen)} tasks meet the rule, --count {args.count}", file=sys.stderr)
+        return 2
+    OUT.mkdir(parents=True, exist_ok=True)
+    lines = ["# task id<TAB>task hash: the generated tasks of the H200 recording (bench/select_generated.py)"]
+    lines += [f"{r['id']}\t{r['hash']}" for r in chosen]
+    (OUT / "selection.txt").write_text("\n".join(lines) + "\n")
+    (OUT / "record.yaml").write_text(CONFIG.format(filter=json.dumps([r["id"] for r in chosen])))
+    tiers = {}
+    for r in chosen:
+        tiers[r["data_source"]] = tiers.get(r["data_source"], 0) + 1
+    print(f"{len(chosen)} tasks ({tiers}) -> {OUT / 'selection.txt'}, {OUT / 'record.yaml'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
