@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib.metadata
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,7 +57,12 @@ class Provenance:
 
 @functools.cache
 def git_state() -> tuple[str, bool | None]:
-    """(short sha, dirty) of the checkout this package is imported from; ("", None) outside git."""
+    """(short sha, dirty) of the checkout this package is imported from. Outside git (a copy of the
+    tree sent to a GPU machine): ``AUTOPROFILER_GIT_SHA`` and ``AUTOPROFILER_GIT_DIRTY`` (``0``/``1``)
+    as the sender set them, else ("", None)."""
+    sent = _sent_git_state()
+    if sent is not None and not (_PACKAGE_DIR.parent / ".git").exists():
+        return sent
 
     def git(*args: str) -> subprocess.CompletedProcess:
         return subprocess.run(["git", *args], capture_output=True, text=True, timeout=10, cwd=_PACKAGE_DIR)
@@ -69,6 +75,14 @@ def git_state() -> tuple[str, bool | None]:
         return sha.stdout.strip(), bool(dirty.stdout.strip()) if dirty.returncode == 0 else None
     except (OSError, subprocess.SubprocessError):
         return "", None
+
+
+def _sent_git_state() -> tuple[str, bool | None] | None:
+    sha = os.environ.get("AUTOPROFILER_GIT_SHA", "").strip()
+    if not sha:
+        return None
+    dirty = os.environ.get("AUTOPROFILER_GIT_DIRTY", "").strip()
+    return sha[:12], {"0": False, "1": True}.get(dirty)
 
 
 def _torch_version() -> str:

@@ -340,3 +340,26 @@ def test_every_rule_action_on_cuda():
     assert not failed_keep, failed_keep
     for label in ("torch_compile", "cuda_graph", "channels_last", "tf32@0.01"):
         assert any(r["correct"] for r in rows if r["action"] == label), f"{label} passed on no task"
+
+
+def test_git_state_outside_git_comes_from_what_the_sender_set(monkeypatch, tmp_path):
+    """A copy of the tree without .git (the GPU machine's): the sha and dirty flag the sender put in
+    AUTOPROFILER_GIT_SHA / AUTOPROFILER_GIT_DIRTY; none set: unknown. In a checkout, git wins."""
+    from autoprofiler import provenance
+
+    monkeypatch.setattr(provenance, "_PACKAGE_DIR", tmp_path / "autoprofiler")
+    monkeypatch.setenv("AUTOPROFILER_GIT_SHA", "0123456789abcdef")
+    monkeypatch.setenv("AUTOPROFILER_GIT_DIRTY", "0")
+    provenance.git_state.cache_clear()
+    try:
+        assert provenance.git_state() == ("0123456789ab", False)
+        monkeypatch.delenv("AUTOPROFILER_GIT_SHA")
+        provenance.git_state.cache_clear()
+        assert provenance.git_state() == ("", None)
+        monkeypatch.undo()
+        monkeypatch.setenv("AUTOPROFILER_GIT_SHA", "feedface")
+        provenance.git_state.cache_clear()
+        sha, _ = provenance.git_state()
+        assert sha and sha != "feedface"  # this checkout's own sha
+    finally:
+        provenance.git_state.cache_clear()
