@@ -8,6 +8,7 @@ and writes Markdown + JSON.
 Run:
     python bench/eval_throughput.py --device cpu --size small --trials 100        # this laptop-class box
     python bench/eval_throughput.py --device cuda --size full --trials 100        # the H200
+    python bench/eval_throughput.py ... --trace /tmp/trace.jsonl   # + phase times and every timed call
 Outputs: bench/results/eval_throughput_<device>.md and .json (``--out`` to change).
 """
 
@@ -53,6 +54,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--suite", default=str(ROOT / "datasets" / "suite"))
     p.add_argument("--limit", type=int, default=None, help="only the first N tasks")
     p.add_argument(
+        "--trace",
+        default=None,
+        help="JSONL path: per evaluation its phase times, memory plan, every timed call (EvalConfig.trace)",
+    )
+    p.add_argument(
         "--out", default=None, help="Markdown path (default bench/results/eval_throughput_<device>.md)"
     )
     return p.parse_args(argv)
@@ -69,7 +75,14 @@ def main(argv=None) -> int:
     for err in report.errors:
         print(f"skipping a task that does not load: {err}", file=sys.stderr)
     tasks = list(report)[: args.limit] if args.limit else list(report)
-    config = EvalConfig(device=args.device, task_size=size, timing_trials=args.trials, warmup=args.warmup)
+    config = EvalConfig(
+        device=args.device,
+        task_size=size,
+        timing_trials=args.trials,
+        warmup=args.warmup,
+        trace=bool(args.trace),
+    )
+    trace = open(args.trace, "w") if args.trace else None  # noqa: SIM115 - closed at the end
     print(
         f"{len(tasks)} tasks x {args.repeats} on {args.device} ({size}), {args.trials} timing trials",
         flush=True,
@@ -84,6 +97,8 @@ def main(argv=None) -> int:
             for _ in range(args.repeats):
                 try:
                     results.append(ev.evaluate(task, identity_candidate(task.source)))
+                    if trace is not None:
+                        trace.write(json.dumps(trace_line(task.id, results[-1])) + "\n")
                 except TaskError as exc:
                     failures.append(f"{task.id}: {exc}")
                     break
@@ -112,6 +127,8 @@ def main(argv=None) -> int:
             print(f"  {task.id:45s} {shown}  ({row['wall_s']:.2f} s)", flush=True)
         elapsed = time.monotonic() - t0
         evaluations = ev.evaluations
+    if trace is not None:
+        trace.close()
 
     all_speedups = [r["speedup"] for r in rows if r["speedup"] is not None]
     totals = {
@@ -154,6 +171,32 @@ def main(argv=None) -> int:
     print(render_totals(totals))
     print(f"wrote {out} and {out.with_suffix('.json')}")
     return 0
+
+
+def trace_line(task_id: str, result) -> dict:
+    """One evaluation for ``--trace``: where its wall time went and every timed call."""
+    keys = (
+        "phase_s",
+        "candidate_trials_s",
+        "candidate_pack_s",
+        "unpack_outputs_s",
+        "compare_s",
+        "memory_plan",
+        "block_size",
+        "timing_blocks",
+        "witness",
+        "spread",
+        "trace",
+    )
+    return {
+        "task": task_id,
+        "speedup": result.speedup,
+        "ref_ms": result.ref_ms,
+        "new_ms": result.new_ms,
+        "wall_s": result.wall_s,
+        "error": result.error[:300],
+        **{k: result.details.get(k) for k in keys},
+    }
 
 
 def _f(x, fmt=".4g") -> str:

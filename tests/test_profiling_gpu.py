@@ -187,24 +187,27 @@ RANGE_RESULTS: dict = {}
 
 @pytest.fixture(scope="module")
 def range_profiler():
-    """One profiler for the per-group range-replay tests (it carries what ncu refused between them);
-    at the end, what was learned goes to ``$AUTOPROFILER_BENCH_OUT/range_unsupported.json`` (the format
-    of ``autoprofiler/profiling/range_unsupported.json``)."""
-    profiler = make_profiler(range_replay_above=1)
-    yield profiler
-    out = os.environ.get("AUTOPROFILER_BENCH_OUT")
-    if out and RANGE_RESULTS:
-        from autoprofiler.profiling.groups import RANGE_UNSUPPORTED
+    """One profiler for the per-group range-replay tests (it carries what ncu refused between them)."""
+    return make_profiler(range_replay_above=1)
 
-        Path(out).mkdir(parents=True, exist_ok=True)
-        data = {
-            "unsupported": sorted(RANGE_UNSUPPORTED | profiler.range_dropped),
-            "learned_now": sorted(profiler.range_dropped),
-            "source": profiler.environment.tool,
-            "device": profiler.environment.device,
-            "groups": RANGE_RESULTS,
-        }
-        (Path(out) / "range_unsupported.json").write_text(json.dumps(data, indent=1) + "\n")
+
+def _save_range(profiler) -> None:
+    """What was learned so far to ``$AUTOPROFILER_BENCH_OUT/range_unsupported.json`` (the format of
+    ``autoprofiler/profiling/range_unsupported.json``), after every test: a cut-off run keeps it."""
+    out = os.environ.get("AUTOPROFILER_BENCH_OUT")
+    if not out:
+        return
+    from autoprofiler.profiling.groups import RANGE_UNSUPPORTED
+
+    Path(out).mkdir(parents=True, exist_ok=True)
+    data = {
+        "unsupported": sorted(RANGE_UNSUPPORTED | profiler.range_dropped),
+        "learned_now": sorted(profiler.range_dropped),
+        "source": profiler.environment.tool,
+        "device": profiler.environment.device,
+        "groups": RANGE_RESULTS,
+    }
+    (Path(out) / "range_unsupported.json").write_text(json.dumps(data, indent=1) + "\n")
 
 
 @pytest.mark.parametrize("group", [g for g in NCU_GROUPS if g != "root"])
@@ -229,6 +232,7 @@ def test_each_group_by_range_replay(range_profiler, group):
         "seconds": round(time.monotonic() - start, 1),
         "replay": [r.groups for r in range_profiler.runs][-1:],
     }
+    _save_range(range_profiler)
     assert range_profiler.runs[-1].ok, range_profiler.runs[-1]
     assert finite, f"{group}: no finite metric by range replay ({RANGE_RESULTS[group]})"
 

@@ -235,7 +235,9 @@ class CandidateProcess:
         try:
             out = self.model(*mine)
             tools.sync()
+            t0 = time.perf_counter()
             metas, fd = harness.pack_tensors(tools, tools.flatten(out))
+            pack_s = time.perf_counter() - t0
         except BaseException as exc:
             self.fail(self.classify(exc, "runtime_error", f"correctness trial {t}"))
         del out
@@ -250,7 +252,7 @@ class CandidateProcess:
             del inputs, mine, self.trials[t]
             _memory.release(tools)
         try:
-            self.link.send({"op": "outputs", "meta": metas, "flags": flags}, (fd,))
+            self.link.send({"op": "outputs", "meta": metas, "flags": flags, "pack_s": pack_s}, (fd,))
         finally:
             os.close(fd)
 
@@ -265,7 +267,7 @@ class CandidateProcess:
                 warm = [tools.make_inputs(self.get_inputs, self.seed)]
             else:
                 warm = [self.trials[t] for t in sorted(self.trials)]
-            tools.rehearse(self.model, warm, int(msg["calls"]))
+            tools.rehearse(self.model, warm, int(msg["calls"]), int(msg.get("block", 1)))
             del warm
         except BaseException as exc:
             self.fail(self.classify(exc, "runtime_error", "warm-up"))

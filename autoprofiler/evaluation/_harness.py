@@ -353,16 +353,21 @@ class Tools:
             untimed += rest
         return untimed
 
-    def rehearse(self, model, inputs: list, calls: int) -> None:
+    def rehearse(self, model, inputs: list, calls: int, block: int) -> None:
         """Warm-up: ``calls`` calls of ``model`` on ``inputs`` through the timing loop itself (timed,
-        checksums, retained copies; all dropped), so caches, the allocator and the pool of
-        retained-output buffers are in the state timing will find, in both processes alike. Warming up
-        with bare calls left the candidate process's first timed block up to 2x slower than the rest
-        (small bf16 matmuls on the 2-CPU machine), which pulled identity speedups below 1."""
+        checksums, retained copies), ``block`` at a time, each block's outputs dropped before the next
+        as in timing, so caches, the allocator and the pool of retained-output buffers are in the state
+        timing will find, in both processes alike, and no more outputs are alive at once than timing
+        holds (the memory plan counts one block). Warming up with bare calls left the candidate
+        process's first timed block up to 2x slower than the rest (small bf16 matmuls on the 2-CPU
+        machine), which pulled identity speedups below 1."""
         sets = dict(enumerate(inputs))
-        outs = self.time_block(model, [(i % len(inputs), None) for i in range(calls)], sets, None)[0]
-        self.sync()
-        del outs
+        block = max(1, block)
+        for start in range(0, calls, block):
+            keys = [(i % len(inputs), None) for i in range(start, min(calls, start + block))]
+            outs = self.time_block(model, keys, sets, None)[0]
+            self.sync()
+            del outs
 
     def retained(self, out):
         """What a block keeps of a timed call's output until the after-the-fact choice.

@@ -37,6 +37,7 @@ lower its median by moving time between the calls of one witnessed block.
 from __future__ import annotations
 
 import ast
+import math
 import random
 import time
 
@@ -176,10 +177,17 @@ class Referee:
         except BaseException:
             harness.close_fds(fds)
             raise
+        t0 = time.perf_counter()
         try:
             return harness.unpack_tensors(self.tools, msg["meta"], fds[0])  # closes the memfd
         except harness.ProtocolError as exc:
             raise self.protocol_error(str(exc)) from exc
+        finally:
+            self.add_seconds("unpack_outputs_s", time.perf_counter() - t0)
+
+    def add_seconds(self, key: str, seconds: float) -> None:
+        """Time spent in one kind of step, summed over the evaluation (``details``: where time goes)."""
+        self.details[key] = round(self.details.get(key, 0.0) + seconds, 4)
 
     # -- the evaluation ------------------------------------------------------------------------------
     def run(self) -> dict:
@@ -346,7 +354,12 @@ class Referee:
             for t in group:
                 self.phase(f"correctness trial {t}")
                 _inputs, ref_out = trials[t]
+                t0 = time.perf_counter()
                 msg, fds = self.request({"op": "trial", "t": t}, "outputs")
+                self.add_seconds("candidate_trials_s", time.perf_counter() - t0)
+                pack_s = msg.get("pack_s")  # as the candidate's process reports it: diagnostics only
+                if isinstance(pack_s, (int, float)) and math.isfinite(pack_s) and pack_s >= 0:
+                    self.add_seconds("candidate_pack_s", float(pack_s))
                 self.compare(ref_out, self.outputs(msg, fds, ref_out, f"trial {t}"), f"trial {t}")
                 self.raise_flags(msg.get("flags"))
                 if not layout.full:
@@ -466,7 +479,11 @@ class Referee:
         self.comparer.check_structure(reference, metas, what)
 
     def compare(self, reference: list, new: list, what: str) -> None:
-        self.comparer.compare(reference, new, what)
+        t0 = time.perf_counter()
+        try:
+            self.comparer.compare(reference, new, what)
+        finally:
+            self.add_seconds("compare_s", time.perf_counter() - t0)
 
 
 def input_module_source(task_source: str) -> str:

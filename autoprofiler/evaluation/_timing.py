@@ -34,6 +34,7 @@ WINDOW_BUSY_SHARE = 0.10  # ... plus this share of the reference's timed windows
 WITNESS_SHARE = 0.3  # the clock here may see this much more than the candidate reports, per block ...
 WITNESS_SLACK_MS = 0.5  # ... plus this, plus twice the spread of the link's round trip (per block)
 SPREAD_TOLERANCE = 0.25  # block means / median call: the candidate's may exceed the reference's by this
+SPREAD_SLACK_MS = 0.02  # ... plus this much per call (a tiny kernel's occasional slow call moves the mean)
 MIN_BLOCKS = 3  # a statistical check needs at least this many blocks of each kind it compares
 MEMO_RATIO = 1.5  # first use of an input set / later uses, beyond the reference's own ratio ...
 MEMO_SLACK_MS = 0.05  # ... plus this
@@ -85,13 +86,13 @@ class Timing:
         referee, tools = self.referee, self.tools
         warmup = max(0, int(self.cfg.get("warmup", 10)))
         warmup = max(warmup, 2 * self.block_size)  # the retained-output pool fills to two blocks
-        warm_msg = {"op": "warmup", "calls": warmup}
+        warm_msg = {"op": "warmup", "calls": warmup, "block": self.block_size}
         if self.warm is None:
             warm_msg["remake"] = True  # the candidate's process makes trial 0's inputs again, too
         referee.request(warm_msg, "warm")
         tools.prepare_timing(int(self.cfg.get("l2_flush_mb", 256)))
         warm = self.warm or [tools.make_inputs(self.get_inputs, int(self.cfg.get("seed", 42)))]
-        tools.rehearse(self.ref, warm, warmup)
+        tools.rehearse(self.ref, warm, warmup, self.block_size)
         del warm
         if self.warm is None:
             _memory.release(tools)
@@ -263,6 +264,16 @@ class Timing:
             ref_slowdown=round(ref_med / self.clean_ms, 3) if self.clean_ms else None,
             candidate_cpu_while_ref_timed_ms=round(self.busy * 1e3, 3),
         )
+        if self.cfg.get("trace"):
+            referee.details["trace"] = [
+                {
+                    "first": r["first"],
+                    "ref_ms": [round(x, 5) for x in r["ref"]],
+                    "new_ms": [round(x, 5) for x in r["new"]],
+                    "witnessed_ms": round(self.witnessed(r) * 1e3, 4),
+                }
+                for r in self.rows
+            ]
         return {
             "compiled": True,
             "correct": True,
@@ -327,14 +338,16 @@ class Timing:
     def check_spread(self, ref_med: float, new_med: float) -> None:
         """The reported time is the median over calls, but the witness sees blocks: a candidate could
         report a few long calls and many short ones with the right sum. The median of its block means
-        over its per-call median must not exceed the reference's same ratio by more than the tolerance."""
+        over its per-call median must not exceed the reference's same ratio by more than the tolerance
+        (and ``SPREAD_SLACK_MS`` per call: on the H200 an honest 30 us matmul's block means were 1.42x its
+        median against the reference's 1.08x, from a few calls a quarter of a millisecond slow)."""
         if self.block_size == 1 or len(self.rows) < MIN_BLOCKS or not ref_med or not new_med:
             return
         ref_means, _ = harness.median_iqr([sum(r["ref"]) / len(r["ref"]) for r in self.rows])
         new_means, _ = harness.median_iqr([sum(r["new"]) / len(r["new"]) for r in self.rows])
         ref_ratio, new_ratio = ref_means / ref_med, new_means / new_med
         self.referee.details["spread"] = {"ref": round(ref_ratio, 4), "new": round(new_ratio, 4)}
-        if new_ratio > ref_ratio * (1 + SPREAD_TOLERANCE):
+        if new_ratio > ref_ratio * (1 + SPREAD_TOLERANCE) + SPREAD_SLACK_MS / new_med:
             raise Failure(
                 "suspicious",
                 f"the candidate's per-call times do not add up like the reference's: its block means are "

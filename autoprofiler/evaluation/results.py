@@ -68,6 +68,8 @@ class EvalConfig:
         timing_lock: path of a lock file the reference process holds (``flock``) only while timing
             both models, so workers sharing a GPU build and check concurrently but time one at a time;
             the candidate's process never sees it. ``None``: no lock.
+        trace: keep every timed call's milliseconds, block by block, in ``details["trace"]`` (for
+            studying the timing's noise: ``bench/eval_throughput.py --trace``).
 
     >>> EvalConfig(device="cpu", task_size="small", timing_trials=20).timing_trials
     20
@@ -89,6 +91,7 @@ class EvalConfig:
     l2_flush_mb: int = 256
     timing_lock: str | None = None
     memory_budget_gb: float | None = None
+    trace: bool = False
 
     def __post_init__(self) -> None:
         if self.timing_lock:  # workers run in their own temp dir: a relative path would not be found there

@@ -1,6 +1,7 @@
 # expect: runtime_error
 # task: matmul
 # message: RuntimeError
+# message_cuda: OutOfMemoryError
 # why: asks for 40 TB; the allocator refuses (RuntimeError / OutOfMemoryError), the worker survives to report it.
 import torch
 import torch.nn as nn
