@@ -1,7 +1,8 @@
 """Judging policies: per-task outcomes, KernelBench-style summaries, the oracle sweep, refinement.
 
 Everything here takes an environment (``autoprofiler.environments``) and returns plain rows (dicts), so
-the same code runs on a live GPU run and on a replay table, and ``report.py`` can draw from the rows.
+the same code runs on a live GPU run and on a replay table, and ``autoprofiler.report`` can draw from the
+rows.
 Every summary over rows is a polars aggregation (``summary_frame``, ``oracle_analysis``), and reward
 and profile tables are read as polars frames (``reward_frame``, ``profile_frame``).
 

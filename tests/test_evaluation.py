@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import TINY_TASK_DIR, load_tiny_task
 
+import autoprofiler
 from autoprofiler import cli
 from autoprofiler.evaluation import (
     ERROR_KINDS,
@@ -169,8 +170,9 @@ def test_sandbox_environment_tempdir_and_children(evaluator, matmul, tmp_path):
     assert not Path(cwd).exists(), "the worker's temp dir must be removed"
     assert not _alive(seen["child"]), "the candidate's child process must be killed"
     assert result.details["children_killed"] == 1
-    harness_dir = str(Path(cli.__file__).parent / "evaluation")
-    assert harness_dir not in seen["path"] and str(Path(cli.__file__).parents[1]) not in seen["path"]
+    package_dir = Path(autoprofiler.__file__).parent
+    harness_dir = str(package_dir / "evaluation")
+    assert harness_dir not in seen["path"] and str(package_dir.parent) not in seen["path"]
     assert seen["package"].startswith("refused"), seen["package"]
     assert seen["tasks"] == ["_autoprofiler_task_inputs"] and "Stand-in" in seen["stand_in"]
     user = result.details["candidate_worker"]["user"]
