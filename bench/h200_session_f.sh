@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Next H200 session (prepared 2026-12-03): the steps issues 11 and 13 still need on the GPU, in order of
+# what they unblock. Each step runs only if the call has time left for it (DEADLINE_S, default 570);
+# everything lands in $OUT/s.tgz (unpack under /tmp and copy what is kept into bench/results/).
+#   AUTOPROFILER_GIT_SHA=$(git rev-parse --short=12 HEAD) AUTOPROFILER_GIT_DIRTY=0 \
+#     DEADLINE_S=570 bash bench/h200_session_f.sh probe hardened tests range    # first call, ~9 min
+#   ... DEADLINE_S=570 bash bench/h200_session_f.sh memory rowwise record          # second call
+# Steps:
+#   probe     bench/cuda_ipc_probe.py at 1 and 4 GiB: can the reference process read the candidate's
+#             CUDA outputs by IPC (the candidate as uid 65534), and how long the memfd path takes (~1 min)
+#   hardened  bench/eval_throughput.py over the suite with --trace: throughput, identity noise, and
+#             per evaluation where the time goes (candidate trials, packing, unpacking, comparing) (~3 min)
+#   tests     tests/test_evaluation_gpu.py (~3 min; 178 s on 2026-12-03)
+#   range     the per-group range-replay tests (test_each_group_by_range_replay; ~1.5 min)
+#   rowwise   the range-replay test on rowwise_loop_normalize (1,280 kernels; over 2.5 min, not finished yet)
+#   memory    tests/test_evaluation_memory_gpu.py (~5 min)
+#   record    bench/h200_record_generated.sh with the time left (the generated tasks' recording)
+set -u; export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD RAY_USAGE_STATS_ENABLED=0
+OUT=${OUT:-/tmp/out}; H=/tmp/h; mkdir -p "$OUT" $H/r; T0=$(date +%s); D=${DEADLINE_S:-570}
+left() { echo $(( D - ($(date +%s) - T0) )); }
+cap() { local want=$1 l; l=$(left); echo $(( l - 15 < want ? l - 15 : want )); }
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv; ncu --version | tail -1
+  python3 -c "import sys, torch; print(sys.executable, torch.__version__, torch.cuda.get_device_name(0))"; } > $H/env.txt 2>&1
+for step in "$@"; do
+  L=$(left); echo "== $step at $(( $(date +%s) - T0 ))s, ${L}s left"
+  [ "$L" -gt 60 ] || { echo "no time left for $step"; continue; }
+  case $step in
+  probe)
+    for g in 1 4; do timeout -k 5 $(cap 60) python3 bench/cuda_ipc_probe.py --gib $g --out $H/cuda_ipc_probe_${g}gib.json \
+      > $H/cuda_ipc_probe_${g}gib.log 2>&1; echo "probe ${g} GiB rc=$?: $(tr -d '\n' < $H/cuda_ipc_probe_${g}gib.log | cut -c1-400)"; done ;;
+  hardened)
+    timeout -k 5 $(cap 240) python3 bench/eval_throughput.py --device cuda --size full --trials 100 --repeats 1 \
+      --out $H/eval_throughput_cuda_hardened.md --trace $H/eval_trace_cuda.jsonl > $H/hardened.log 2>&1
+    echo "hardened rc=$?: $(grep 'per minute' $H/hardened.log)" ;;
+  tests)
+    AUTOPROFILER_BENCH_OUT=$H timeout -k 10 $(cap 330) python3 -m pytest -m gpu -rA -v -p no:cacheprovider \
+      tests/test_evaluation_gpu.py > $H/eval_gpu_tests.log 2>&1
+    echo "gpu tests rc=$?: $(tail -1 $H/eval_gpu_tests.log)"; grep -E "^FAILED" $H/eval_gpu_tests.log | head ;;
+  range)
+    AUTOPROFILER_BENCH_OUT=$H timeout -k 10 $(cap 150) python3 -m pytest -m gpu -rA -v -p no:cacheprovider \
+      tests/test_profiling_gpu.py -k each_group > $H/range_tests.log 2>&1
+    echo "range tests rc=$?: $(tail -1 $H/range_tests.log)" ;;
+  rowwise)
+    AUTOPROFILER_BENCH_OUT=$H timeout -k 10 $(cap 330) python3 -m pytest -m gpu -rA -v -s -p no:cacheprovider \
+      tests/test_profiling_gpu.py -k many_kernels > $H/rowwise_test.log 2>&1
+    echo "rowwise test rc=$?: $(tail -1 $H/rowwise_test.log)" ;;
+  memory)
+    AUTOPROFILER_BENCH_OUT=$H timeout -k 10 $(cap 320) python3 -m pytest -m gpu -rA -v -p no:cacheprovider \
+      tests/test_evaluation_memory_gpu.py > $H/eval_memory_gpu.log 2>&1
+    echo "memory tests rc=$?: $(tail -1 $H/eval_memory_gpu.log)" ;;
+  record)
+    OUT=$H SECONDS_LEFT=$(( $(left) - 20 )) bash bench/h200_record_generated.sh ;;
+  *) echo "unknown step $step" ;;
+  esac
+done
+tar czf "$OUT/s.tgz" -C $H . ; echo "done at $(( $(date +%s) - T0 ))s ($(du -sh "$OUT/s.tgz" | cut -f1))"
