@@ -54,6 +54,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--suite", default=str(ROOT / "datasets" / "suite"))
     p.add_argument("--limit", type=int, default=None, help="only the first N tasks")
     p.add_argument(
+        "--output-transport",
+        default="memfd",
+        choices=("memfd", "cuda_ipc"),
+        help="how the candidate's outputs reach the reference process (EvalConfig.output_transport)",
+    )
+    p.add_argument(
         "--trace",
         default=None,
         help="JSONL path: per evaluation its phase times, memory plan, every timed call (EvalConfig.trace)",
@@ -81,6 +87,7 @@ def main(argv=None) -> int:
         timing_trials=args.trials,
         warmup=args.warmup,
         trace=bool(args.trace),
+        output_transport=args.output_transport,
     )
     trace = open(args.trace, "w") if args.trace else None  # noqa: SIM115 - closed at the end
     print(

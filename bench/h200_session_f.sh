@@ -3,14 +3,15 @@
 # what they unblock. Each step runs only if the call has time left for it (DEADLINE_S, default 570);
 # everything lands in $OUT/s.tgz (unpack under /tmp and copy what is kept into bench/results/).
 #   AUTOPROFILER_GIT_SHA=$(git rev-parse --short=12 HEAD) AUTOPROFILER_GIT_DIRTY=0 \
-#     DEADLINE_S=570 bash bench/h200_session_f.sh probe hardened tests range    # first call, ~9 min
-#   ... DEADLINE_S=570 bash bench/h200_session_f.sh memory rowwise record          # second call
+#     DEADLINE_S=570 bash bench/h200_session_f.sh probe hardened hardened_ipc tests   # first call, ~9 min
+#   ... DEADLINE_S=570 bash bench/h200_session_f.sh range memory rowwise record     # second call
 # Steps:
 #   probe     bench/cuda_ipc_probe.py at 1 and 4 GiB: can the reference process read the candidate's
 #             CUDA outputs by IPC (the candidate as uid 65534), and how long the memfd path takes (~1 min)
 #   hardened  bench/eval_throughput.py over the suite with --trace: throughput, identity noise, and
 #             per evaluation where the time goes (candidate trials, packing, unpacking, comparing) (~3 min)
-#   tests     tests/test_evaluation_gpu.py (~3 min; 178 s on 2026-12-03)
+#   hardened_ipc  the same with --output-transport cuda_ipc (outputs as CUDA handles, not via host memory)
+#   tests     tests/test_evaluation_gpu.py (~3.5 min; 178 s on 2026-12-03 before the cuda_ipc tests)
 #   range     the per-group range-replay tests (test_each_group_by_range_replay; ~1.5 min)
 #   rowwise   the range-replay test on rowwise_loop_normalize (1,280 kernels; over 2.5 min, not finished yet)
 #   memory    tests/test_evaluation_memory_gpu.py (~5 min)
@@ -32,6 +33,11 @@ for step in "$@"; do
     timeout -k 5 $(cap 240) python3 bench/eval_throughput.py --device cuda --size full --trials 100 --repeats 1 \
       --out $H/eval_throughput_cuda_hardened.md --trace $H/eval_trace_cuda.jsonl > $H/hardened.log 2>&1
     echo "hardened rc=$?: $(grep 'per minute' $H/hardened.log)" ;;
+  hardened_ipc)
+    timeout -k 5 $(cap 240) python3 bench/eval_throughput.py --device cuda --size full --trials 100 --repeats 1 \
+      --output-transport cuda_ipc --out $H/eval_throughput_cuda_ipc.md --trace $H/eval_trace_cuda_ipc.jsonl \
+      > $H/hardened_ipc.log 2>&1
+    echo "hardened (cuda_ipc) rc=$?: $(grep 'per minute' $H/hardened_ipc.log)" ;;
   tests)
     AUTOPROFILER_BENCH_OUT=$H timeout -k 10 $(cap 330) python3 -m pytest -m gpu -rA -v -p no:cacheprovider \
       tests/test_evaluation_gpu.py > $H/eval_gpu_tests.log 2>&1

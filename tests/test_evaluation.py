@@ -318,6 +318,37 @@ def test_tensor_transport_round_trip_and_checks():
     assert tools.checksum(values) == tools.checksum([v.clone() if hasattr(v, "clone") else v for v in values])
 
 
+def test_cuda_ipc_metadata_is_checked_before_any_handle_opens():
+    """The CUDA IPC transport's receiving side refuses forged metadata before touching the driver: a
+    reference counter named for another process, a shape larger than its storage, malformed fields;
+    values and empty tensors need no handle. (Opening real handles: tests/test_evaluation_gpu.py.)"""
+    import torch
+
+    from autoprofiler.evaluation import _harness as harness
+
+    tools = harness.Tools(torch, "cpu")
+    counter = b"/torch_1234_99_0".hex()
+    good = {"kind": "tensor", "dtype": "float32", "shape": [2, 3], "device": "cuda", "storage_offset": 0}
+    ipc = [0, "ab" * 32, 24, 0, counter, 0, "", False]
+    assert harness.open_cuda(tools, [{"kind": "value", "value": 3}], 1234) == [3]
+    empty = harness.open_cuda(tools, [{"kind": "tensor", "dtype": "float32", "shape": [0, 3]}], 1234)
+    assert empty[0].shape == (0, 3)
+    cases = {
+        "not the sender": (dict(good, ipc=ipc), 4321),
+        "larger than its shared storage": (dict(good, shape=[4, 3], ipc=ipc), 1234),
+        "bad CUDA handle metadata": (dict(good, ipc=ipc[:7]), 1234),
+        "without a handle": ({k: v for k, v in good.items() if k != "storage_offset"}, 1234),
+        "bad tensor metadata": (dict(good, shape=[-1], ipc=ipc), 1234),
+    }
+    for message, (meta, pid) in cases.items():
+        with pytest.raises(harness.ProtocolError, match=message):
+            harness.open_cuda(tools, [meta], pid)
+    with pytest.raises(ValueError, match="needs a CUDA device"):
+        EvalConfig(device="cpu", output_transport="cuda_ipc")
+    with pytest.raises(ValueError, match="output_transport must be one of"):
+        EvalConfig(output_transport="pickle")
+
+
 @pytest.mark.parametrize(
     "body, flagged",
     [

@@ -83,7 +83,19 @@ def _record(name: str, result) -> None:
     MEASURED[name]["error"] = result.error[:300]
     MEASURED[name]["details"] = {
         k: result.details.get(k)
-        for k in ("witness", "memo", "spread", "timed_twice", "block_size", "candidate_worker", "phase_s")
+        for k in (
+            "witness",
+            "memo",
+            "spread",
+            "timed_twice",
+            "block_size",
+            "candidate_worker",
+            "phase_s",
+            "candidate_trials_s",
+            "candidate_pack_s",
+            "unpack_outputs_s",
+            "compare_s",
+        )
     }
     _save_measured()
 
@@ -152,6 +164,30 @@ def test_fault_corpus_on_cuda(gpu_evaluator, name):
         message = case.get("message_cuda", case.get("message", ""))
         assert message in result.error, result.error
     _identity_ok(gpu_evaluator, "matmul")
+
+
+@pytest.mark.parametrize(
+    "name", ["identity", "wrong_values.py", "stale_after_checks.py", "cached_output.py", "wrong_shape.py"]
+)
+def test_cuda_ipc_transport_classifies_as_the_memfd(gpu_evaluator, name):
+    """output_transport="cuda_ipc": the candidate's outputs reach the reference process as device
+    memory handles. An identity candidate is correct at ~1.0x and moves its outputs faster than by
+    memfd; the corpus's wrong, stale, cached and misshapen outputs are classified as by memfd."""
+    config = replace(GPU, output_transport="cuda_ipc")
+    if name == "identity":
+        task = load_tiny_task("matmul_big")
+        result = gpu_evaluator.evaluate(task, identity_candidate(task.source), config=config)
+        _record("cuda_ipc/identity", result)
+        assert result.correct and 0.9 <= result.speedup <= 1.1, result.summary()
+        return
+    case = CASES[name]
+    task = load_tiny_task(case["task"])
+    result = gpu_evaluator.evaluate(
+        task, (CORPUS_DIR / name).read_text(), config=replace(config, timing_trials=20, **case["config"])
+    )
+    _record(f"cuda_ipc/{name}", result)
+    expected = case["expect"]
+    assert (result.correct if expected == "correct" else result.error_kind == expected), result.summary()
 
 
 def test_candidate_host_memory_limit_on_cuda():

@@ -25,7 +25,6 @@ process's CPU time).
 from __future__ import annotations
 
 import importlib.abc
-import os
 import sys
 import threading
 import time
@@ -84,6 +83,7 @@ class CandidateProcess:
         self.ref_mutates = False
         self.snapshot: dict = {}
         self.threads_before: set = set()
+        self.ipc_held: list = []  # outputs shared by CUDA IPC, alive until the next request
 
     # -- protocol ------------------------------------------------------------------------------------
     def serve(self) -> None:
@@ -101,6 +101,7 @@ class CandidateProcess:
         }
         while True:
             msg, fds = self.link.recv()
+            self.ipc_held = []  # the reference process has copied what was shared before this request
             if msg.get("op") == "block":
                 self.fds = fds  # a timing input set shared by the reference process (CPU)
             else:
@@ -236,7 +237,7 @@ class CandidateProcess:
             out = self.model(*mine)
             tools.sync()
             t0 = time.perf_counter()
-            metas, fd = harness.pack_tensors(tools, tools.flatten(out))
+            transport, fds = self.pack_outputs(tools.flatten(out))
             pack_s = time.perf_counter() - t0
         except BaseException as exc:
             self.fail(self.classify(exc, "runtime_error", f"correctness trial {t}"))
@@ -252,9 +253,9 @@ class CandidateProcess:
             del inputs, mine, self.trials[t]
             _memory.release(tools)
         try:
-            self.link.send({"op": "outputs", "meta": metas, "flags": flags, "pack_s": pack_s}, (fd,))
+            self.link.send({"op": "outputs", **transport, "flags": flags, "pack_s": pack_s}, fds)
         finally:
-            os.close(fd)
+            harness.close_fds(list(fds))
 
     def warmup(self, msg: dict) -> None:
         """Warm-up calls on the trial inputs (``Tools.rehearse``); starts a timing pass (calls from 0)."""
@@ -323,7 +324,7 @@ class CandidateProcess:
             values.extend(flat)
             counts.append(len(flat))
         try:
-            metas, fd = harness.pack_tensors(tools, values)
+            transport, fds = self.pack_outputs(values)
         except BaseException as exc:
             self.fail(harness.classify(exc, "runtime_error", "sending the timed outputs"))
         sets = {
@@ -331,11 +332,20 @@ class CandidateProcess:
         }
         sets.update({str(index): sums for index, sums in self.retired.items()})
         try:
-            self.link.send(
-                {"op": "kept", "calls": calls, "counts": counts, "meta": metas, "sets": sets}, (fd,)
-            )
+            self.link.send({"op": "kept", "calls": calls, "counts": counts, **transport, "sets": sets}, fds)
         finally:
-            os.close(fd)
+            harness.close_fds(list(fds))
+
+    def pack_outputs(self, values: list) -> tuple[dict, tuple[int, ...]]:
+        """The message fields and file descriptors that carry ``values`` to the reference process: a
+        sealed memfd, or (``output_transport="cuda_ipc"``) CUDA handles to tensors held until the next
+        request."""
+        if self.cfg.get("output_transport") == "cuda_ipc" and self.tools.is_cuda:
+            metas, self.ipc_held = harness.share_cuda(self.tools, values)
+            self.tools.sync()  # the outputs are complete before the other process reads them
+            return {"meta": metas, "transport": "cuda_ipc"}, ()
+        metas, fd = harness.pack_tensors(self.tools, values)
+        return {"meta": metas}, (fd,)
 
     def finish(self, msg: dict) -> None:
         flags = []

@@ -525,6 +525,107 @@ def _read_values(tools: Tools, specs: list[dict], mm, copy: bool = True) -> list
     return values
 
 
+# --------------------------------------------------------------------------------------------------
+# Tensor transport: CUDA IPC (EvalConfig.output_transport = "cuda_ipc")
+# --------------------------------------------------------------------------------------------------
+def share_cuda(tools: Tools, values: list) -> tuple[list[dict], list]:
+    """Device-memory handles of ``values``' CUDA tensors (``UntypedStorage._share_cuda_``), for the
+    other process to copy from without a trip through host memory: ``(metas, held)``. ``held`` must
+    stay alive until the receiver has copied (the sender keeps it until the next request)."""
+    metas, held = [], []
+    for value in values:
+        if isinstance(value, tools.Tensor):
+            t = tools.plain(value).contiguous()
+            dtype = str(t.dtype).replace("torch.", "")
+            meta = {"kind": "tensor", "dtype": dtype, "shape": list(t.shape), "device": t.device.type}
+            if t.numel():
+                shared = t.untyped_storage()._share_cuda_()
+                meta["ipc"] = [x.hex() if isinstance(x, bytes) else x for x in shared]
+                meta["storage_offset"] = t.storage_offset()
+                held.append(t)
+            metas.append(meta)
+        elif value is None or isinstance(value, (bool, int, float, str)):
+            metas.append({"kind": "value", "value": value})
+        else:
+            metas.append({"kind": "object", "type": type(value).__name__, "repr": repr(value)[:200]})
+    return metas, held
+
+
+def open_cuda(tools: Tools, metas: list[dict], owner_pid: int) -> list:
+    """Copies, in this process's own device memory, of what ``share_cuda`` shared in process
+    ``owner_pid``. Every entry is checked first: a dtype, a shape inside the shared storage, and the
+    reference counter's shared-memory name one of the owner's own (``/torch_<pid>_...``), so a forged
+    entry can name no other file. Raises ``ProtocolError`` for anything malformed or unopenable."""
+    torch = tools.torch
+    values = []
+    for meta in metas:
+        if not isinstance(meta, dict):
+            raise ProtocolError("malformed tensor metadata")
+        if meta.get("kind") == "value":
+            values.append(meta.get("value"))
+            continue
+        if meta.get("kind") != "tensor":
+            values.append(_Opaque(str(meta.get("type")), str(meta.get("repr"))))
+            continue
+        dtype = getattr(torch, str(meta.get("dtype")), None)
+        shape = meta.get("shape")
+        if not isinstance(dtype, torch.dtype) or not isinstance(shape, list):
+            raise ProtocolError(f"bad tensor metadata {str(meta)[:120]}")
+        if not all(type(d) is int and d >= 0 for d in shape):
+            raise ProtocolError(f"bad tensor metadata {str(meta)[:120]}")
+        if "ipc" not in meta:
+            if math.prod(shape):
+                raise ProtocolError("a non-empty tensor without a handle")
+            values.append(torch.empty(shape, dtype=dtype, device=tools.device))
+            continue
+        values.append(_open_one(tools, meta, dtype, shape, owner_pid))
+    return values
+
+
+def _open_one(tools: Tools, meta: dict, dtype, shape: list, owner_pid: int):
+    torch = tools.torch
+    ipc, offset = meta.get("ipc"), meta.get("storage_offset")
+    if not isinstance(ipc, list) or len(ipc) != 8 or type(offset) is not int or offset < 0:
+        raise ProtocolError(f"bad CUDA handle metadata {str(meta)[:120]}")
+    device, handle, size, base, counter, counter_offset, event, sync = ipc
+    ints = (device, size, base, counter_offset)
+    if not all(type(x) is int and x >= 0 for x in ints) or type(sync) is not bool:
+        raise ProtocolError(f"bad CUDA handle metadata {str(meta)[:120]}")
+    try:
+        handle, counter, event = bytes.fromhex(handle), bytes.fromhex(counter), bytes.fromhex(event)
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"bad CUDA handle metadata ({exc})") from exc
+    if not counter.decode("ascii", "replace").startswith(f"/torch_{owner_pid}_"):
+        raise ProtocolError("a CUDA handle whose reference counter is not the sender's")
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if (offset + math.prod(shape)) * itemsize > size:
+        raise ProtocolError("a tensor larger than its shared storage")
+    try:
+        storage = torch.UntypedStorage._new_shared_cuda(
+            device, handle, size, base, counter, counter_offset, event, sync
+        )
+        view = torch.empty(0, dtype=dtype, device=tools.device)
+        view.set_(storage, offset, shape, _contiguous_strides(shape))
+        mine = view.clone()
+        tools.sync()
+    except RuntimeError as exc:
+        raise ProtocolError(f"the CUDA handle did not open: {describe(exc, 300)}") from exc
+    del view, storage
+    return mine
+
+
+def _contiguous_strides(shape: list) -> list:
+    """
+    >>> _contiguous_strides([2, 3, 4])
+    [12, 4, 1]
+    """
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(d, 1)
+    return strides[::-1]
+
+
 class _Opaque:
     """A non-tensor, non-JSON output of the candidate, known by type name and repr only."""
 

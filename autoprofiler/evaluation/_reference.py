@@ -168,7 +168,10 @@ class Referee:
         return Failure("suspicious", f"the candidate's process broke the evaluation protocol: {what}")
 
     def outputs(self, msg: dict, fds: list[int], reference: list, what: str) -> list:
-        """The candidate's outputs from a memfd, after checking their structure against ``reference``."""
+        """The candidate's outputs (a memfd, or CUDA handles under ``output_transport="cuda_ipc"``),
+        after checking their structure against ``reference``."""
+        if msg.get("transport") == "cuda_ipc":
+            return self.ipc_outputs(msg, fds, reference, what)
         if len(fds) != 1 or not isinstance(msg.get("meta"), list):
             harness.close_fds(fds)
             raise self.protocol_error("outputs without exactly one memfd")
@@ -180,6 +183,21 @@ class Referee:
         t0 = time.perf_counter()
         try:
             return harness.unpack_tensors(self.tools, msg["meta"], fds[0])  # closes the memfd
+        except harness.ProtocolError as exc:
+            raise self.protocol_error(str(exc)) from exc
+        finally:
+            self.add_seconds("unpack_outputs_s", time.perf_counter() - t0)
+
+    def ipc_outputs(self, msg: dict, fds: list[int], reference: list, what: str) -> list:
+        harness.close_fds(fds)
+        if self.cfg.get("output_transport") != "cuda_ipc" or self.watch is None:
+            raise self.protocol_error("outputs by CUDA IPC when the transport is a memfd")
+        if not isinstance(msg.get("meta"), list):
+            raise self.protocol_error("CUDA IPC outputs without metadata")
+        self.check_structure(reference, msg["meta"], what)
+        t0 = time.perf_counter()
+        try:
+            return harness.open_cuda(self.tools, msg["meta"], self.watch.pid)
         except harness.ProtocolError as exc:
             raise self.protocol_error(str(exc)) from exc
         finally:
