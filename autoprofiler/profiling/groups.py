@@ -67,8 +67,9 @@ RANGE_PATH = Path(__file__).with_name("range_unsupported.json")
 
 def _range_unsupported() -> frozenset[str]:
     """Metrics ncu refuses under ``--replay-mode range`` ("Metric ... is not supported in range
-    replay"), as learned on a GPU by ``bench/ncu_range_metrics.py`` (``range_unsupported.json``). A
-    metric it does not list yet is learned at run time: the profiler drops what ncu names and retries."""
+    replay"), kept in ``range_unsupported.json`` (``tests/test_profiling_gpu.py``'s per-group range
+    tests write what they learn to ``$AUTOPROFILER_BENCH_OUT/range_unsupported.json``). A metric not
+    listed yet is learned at run time: the profiler drops what ncu names and runs again."""
     try:
         data = json.loads(RANGE_PATH.read_text())
     except (OSError, ValueError):
