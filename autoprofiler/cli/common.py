@@ -54,3 +54,13 @@ def _one_line(text: str, limit: int = 300) -> str:
         return line
     cut = line.rfind(" ", 0, limit)
     return line[: cut if cut > 0 else limit] + " ..."
+
+
+def add_size_option(p) -> None:
+    """``--size``: the task size every subcommand that runs a task takes."""
+    p.add_argument(
+        "--size",
+        choices=("auto", "full", "small"),
+        default="auto",
+        help="task size (AUTOPROFILER_TASK_SIZE); auto: full on CUDA, small on CPU",
+    )

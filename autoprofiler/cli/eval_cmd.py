@@ -14,6 +14,7 @@ from autoprofiler.cli.common import (
     _resolve_device,
     _Stop,
     _task_size,
+    add_size_option,
 )
 
 
@@ -29,12 +30,7 @@ def _add_eval(sub) -> None:
     p.add_argument("task", help="task file (.py defining Model, get_inputs, get_init_inputs)")
     p.add_argument("candidate", help="candidate file defining ModelNew, or 'identity'")
     p.add_argument("--device", default="auto", help="cpu | cuda | cuda:N | auto (cuda when available)")
-    p.add_argument(
-        "--size",
-        choices=("auto", "full", "small"),
-        default="auto",
-        help="task size (AUTOPROFILER_TASK_SIZE); auto: full on CUDA, small on CPU",
-    )
+    add_size_option(p)
     p.add_argument("--trials", type=int, default=None, help="timing trials (default 100)")
     p.add_argument("--correctness-trials", type=int, default=None, help="correctness trials (default 5)")
     p.add_argument("--timeout", type=float, default=None, help="seconds for the job (default 300)")

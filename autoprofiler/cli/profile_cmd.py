@@ -13,6 +13,7 @@ from autoprofiler.cli.common import (
     _resolve_device,
     _Stop,
     _task_size,
+    add_size_option,
 )
 
 
@@ -45,12 +46,7 @@ def _add_profile(sub) -> None:
     p.add_argument(
         "--device", default="auto", help="cpu | cuda | cuda:N | auto (cuda for ncu, else when available)"
     )
-    p.add_argument(
-        "--size",
-        choices=("auto", "full", "small"),
-        default="auto",
-        help="task size (AUTOPROFILER_TASK_SIZE); auto: full on CUDA, small on CPU",
-    )
+    add_size_option(p)
     p.add_argument("--cache", default=None, help="ProfileCache directory (Parquet); none by default")
     p.add_argument("--ncu", default="ncu", help="ncu executable (default: ncu on PATH)")
     p.add_argument(

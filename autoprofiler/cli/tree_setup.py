@@ -5,7 +5,14 @@ from __future__ import annotations
 
 import sys
 
-from autoprofiler.cli.common import EXIT_BAD_INPUT, EXIT_ENVIRONMENT, _resolve_device, _Stop, _task_size
+from autoprofiler.cli.common import (
+    EXIT_BAD_INPUT,
+    EXIT_ENVIRONMENT,
+    _resolve_device,
+    _Stop,
+    _task_size,
+    add_size_option,
+)
 
 _SEED_TREES = {"ncu": "seed.json", "torch": "seed_torch.json"}  # under trees/ at the repository root
 
@@ -23,12 +30,7 @@ def _add_tree_options(p) -> None:
         help="profile source (default: the tree's; torch when no --tree is given)",
     )
     p.add_argument("--device", default="auto", help="cpu | cuda | cuda:N | auto (cuda when available)")
-    p.add_argument(
-        "--size",
-        choices=("auto", "full", "small"),
-        default="auto",
-        help="task size (AUTOPROFILER_TASK_SIZE); auto: full on CUDA, small on CPU",
-    )
+    add_size_option(p)
     p.add_argument("--cache", default=None, help="profile cache folder (Parquet); default: no cache")
     p.add_argument(
         "--filter",
