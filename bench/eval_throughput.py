@@ -53,6 +53,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of the workers (CPU timing)")
     p.add_argument("--suite", default=str(ROOT / "datasets" / "suite"))
     p.add_argument("--limit", type=int, default=None, help="only the first N tasks")
+    p.add_argument("--l2-flush-mb", type=int, default=256, help="EvalConfig.l2_flush_mb (CUDA; 0: none)")
     p.add_argument(
         "--output-transport",
         default="memfd",
@@ -88,6 +89,7 @@ def main(argv=None) -> int:
         warmup=args.warmup,
         trace=bool(args.trace),
         output_transport=args.output_transport,
+        l2_flush_mb=args.l2_flush_mb,
     )
     trace = open(args.trace, "w") if args.trace else None  # noqa: SIM115 - closed at the end
     print(

@@ -318,6 +318,26 @@ def test_tensor_transport_round_trip_and_checks():
     assert tools.checksum(values) == tools.checksum([v.clone() if hasattr(v, "clone") else v for v in values])
 
 
+def test_warm_up_runs_in_timing_sized_blocks(monkeypatch):
+    """``Tools.rehearse`` holds no more outputs at once than a timing block: on the H200 a warm-up that
+    kept all its calls' outputs ran a quarter-GPU task out of memory in the candidate's process."""
+    import torch
+
+    from autoprofiler.evaluation import _harness as harness
+
+    tools = harness.Tools(torch, "cpu")
+    seen = []
+    real = tools.time_block
+
+    def spy(model, calls, sets, make):
+        seen.append(len(calls))
+        return real(model, calls, sets, make)
+
+    monkeypatch.setattr(tools, "time_block", spy)
+    tools.rehearse(torch.nn.ReLU(), [[torch.randn(8)], [torch.randn(8)]], calls=7, block=3)
+    assert seen == [3, 3, 1]
+
+
 def test_cuda_ipc_metadata_is_checked_before_any_handle_opens():
     """The CUDA IPC transport's receiving side refuses forged metadata before touching the driver: a
     reference counter named for another process, a shape larger than its storage, malformed fields;
