@@ -124,19 +124,8 @@ def record(
                 }
             )
     env.flush()
-    rows = env.rewards.rows()
-    return {
-        "tasks": len(tasks),
-        "groups": list(groups),
-        "actions": list(dict.fromkeys(c.action for c in cells)),
-        "profile_rows": len(env.profiles),
-        "reward_rows": len(rows),
-        "evaluations": env.stats.evaluations,
-        "failures": failures,
-        "seconds": round(time.monotonic() - t0, 2),
-        "complete": complete and not out_of_time(),
-        "status": dict(Counter(str(r.error_kind) for r in rows)),
-    }
+    actions_done = list(dict.fromkeys(c.action for c in cells))
+    return _summary(env, tasks, groups, actions_done, failures, t0, complete and not out_of_time())
 
 
 def _record_in_chunks(
@@ -158,11 +147,16 @@ def _record_in_chunks(
         failures += part["failures"]
         complete = complete and part["complete"]
         done_actions = list(dict.fromkeys(done_actions + part["actions"]))
+    return _summary(env, tasks, groups, done_actions, failures, t0, complete)
+
+
+def _summary(env, tasks, groups, actions, failures, t0: float, complete: bool) -> dict[str, Any]:
+    """``record``'s summary: counts from the environment's tables, the failures, the time since ``t0``."""
     rows = env.rewards.rows()
     return {
         "tasks": len(tasks),
         "groups": list(groups),
-        "actions": done_actions,
+        "actions": actions,
         "profile_rows": len(env.profiles),
         "reward_rows": len(rows),
         "evaluations": env.stats.evaluations,
