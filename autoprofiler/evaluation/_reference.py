@@ -37,6 +37,7 @@ lower its median by moving time between the calls of one witnessed block.
 from __future__ import annotations
 
 import ast
+import contextlib
 import math
 import random
 import time
@@ -180,13 +181,11 @@ class Referee:
         except BaseException:
             harness.close_fds(fds)
             raise
-        t0 = time.perf_counter()
-        try:
-            return harness.unpack_tensors(self.tools, msg["meta"], fds[0])  # closes the memfd
-        except harness.ProtocolError as exc:
-            raise self.protocol_error(str(exc)) from exc
-        finally:
-            self.add_seconds("unpack_outputs_s", time.perf_counter() - t0)
+        with self.step_seconds("unpack_outputs_s"):
+            try:
+                return harness.unpack_tensors(self.tools, msg["meta"], fds[0])  # closes the memfd
+            except harness.ProtocolError as exc:
+                raise self.protocol_error(str(exc)) from exc
 
     def ipc_outputs(self, msg: dict, fds: list[int], reference: list, what: str) -> list:
         harness.close_fds(fds)
@@ -195,16 +194,22 @@ class Referee:
         if not isinstance(msg.get("meta"), list):
             raise self.protocol_error("CUDA IPC outputs without metadata")
         self.check_structure(reference, msg["meta"], what)
+        with self.step_seconds("unpack_outputs_s"):
+            try:
+                return harness.open_cuda(self.tools, msg["meta"], self.watch.pid)
+            except harness.ProtocolError as exc:
+                raise self.protocol_error(str(exc)) from exc
+
+    @contextlib.contextmanager
+    def step_seconds(self, key: str):
+        """Time the block into ``details[key]``, summed over the evaluation (where the time goes)."""
         t0 = time.perf_counter()
         try:
-            return harness.open_cuda(self.tools, msg["meta"], self.watch.pid)
-        except harness.ProtocolError as exc:
-            raise self.protocol_error(str(exc)) from exc
+            yield
         finally:
-            self.add_seconds("unpack_outputs_s", time.perf_counter() - t0)
+            self.add_seconds(key, time.perf_counter() - t0)
 
     def add_seconds(self, key: str, seconds: float) -> None:
-        """Time spent in one kind of step, summed over the evaluation (``details``: where time goes)."""
         self.details[key] = round(self.details.get(key, 0.0) + seconds, 4)
 
     # -- the evaluation ------------------------------------------------------------------------------
@@ -285,7 +290,7 @@ class Referee:
         its outputs are copied), measuring what one call allocates for the memory plan."""
         tools = self.tools
         meter = _memory.PeakMeter(tools)
-        try:
+        with self.reference_call():
             inputs = tools.make_inputs(get_inputs, seed)
             mine = tools.clone_all(inputs)
             meter.start()
@@ -295,19 +300,13 @@ class Referee:
             self.ref_mutates = not tools.same_inputs(inputs, mine)
             del mine
             return inputs, detach_all(tools, out)
-        except Exception as exc:
-            if _memory.is_oom(self.torch, exc):
-                raise  # too large for this device (or the memory was taken): serve() says which
-            raise Failure(
-                "task_error", "the reference failed: " + harness.describe(exc), compiled=False
-            ) from exc
 
     def reference_trial(self, ref, get_inputs, seed: int, t: int) -> tuple[list, list]:
         """Trial ``t``'s inputs and reference outputs. Lean layouts copy neither: a checksum says whether
         the reference changed its inputs (they are then made again), and an output is copied only
         where it shares memory with the inputs or the model, or is a view of something larger."""
         tools = self.tools
-        try:
+        with self.reference_call():
             inputs = tools.make_inputs(get_inputs, seed + t)
             if not self.layout.lean:
                 mine = tools.clone_all(inputs)
@@ -325,9 +324,17 @@ class Referee:
                 inputs = None
                 inputs = tools.make_inputs(get_inputs, seed + t)
             return inputs, outs
+
+    @contextlib.contextmanager
+    def reference_call(self):
+        """Calls of the reference: a failure is the task's (``task_error``), except an allocation that
+        failed, which goes up as it is (too large for this device, or the memory was taken: ``serve``
+        says which)."""
+        try:
+            yield
         except Exception as exc:
             if _memory.is_oom(self.torch, exc):
-                raise  # too large for this device (or the memory was taken): serve() says which
+                raise
             raise Failure(
                 "task_error", "the reference failed: " + harness.describe(exc), compiled=False
             ) from exc
@@ -372,9 +379,8 @@ class Referee:
             for t in group:
                 self.phase(f"correctness trial {t}")
                 _inputs, ref_out = trials[t]
-                t0 = time.perf_counter()
-                msg, fds = self.request({"op": "trial", "t": t}, "outputs")
-                self.add_seconds("candidate_trials_s", time.perf_counter() - t0)
+                with self.step_seconds("candidate_trials_s"):
+                    msg, fds = self.request({"op": "trial", "t": t}, "outputs")
                 pack_s = msg.get("pack_s")  # as the candidate's process reports it: diagnostics only
                 if isinstance(pack_s, (int, float)) and math.isfinite(pack_s) and pack_s >= 0:
                     self.add_seconds("candidate_pack_s", float(pack_s))
@@ -497,11 +503,8 @@ class Referee:
         self.comparer.check_structure(reference, metas, what)
 
     def compare(self, reference: list, new: list, what: str) -> None:
-        t0 = time.perf_counter()
-        try:
+        with self.step_seconds("compare_s"):
             self.comparer.compare(reference, new, what)
-        finally:
-            self.add_seconds("compare_s", time.perf_counter() - t0)
 
 
 def input_module_source(task_source: str) -> str:
