@@ -366,6 +366,15 @@ def _read_table_rows(path: Path) -> list[dict]:
     return rows
 
 
+def ops_task_id(data_source, index: int, path: str | Path) -> str:
+    """The id ``load_ops_table`` gives row ``index`` (0-based) of the table at ``path``.
+
+    >>> ops_task_id("torch#3", 17, "tasks.parquet")
+    'torch#3/row17'
+    """
+    return f"{str(data_source or Path(path).stem).strip().replace(' ', '_')}/row{index}"
+
+
 def load_ops_table(path: str | Path, level: int = 1) -> LoadReport:
     """Load an Ops-6K style table: ``.parquet`` or ``.jsonl`` with columns ``code``, ``ops``, ``data_source``.
 
@@ -394,7 +403,6 @@ def load_ops_table(path: str | Path, level: int = 1) -> LoadReport:
         if not isinstance(code, str):
             report.errors.append(TaskLoadError(origin, f"code is {type(code).__name__}, expected str"))
             continue
-        source_name = str(row.get("data_source") or path.stem).strip().replace(" ", "_")
         try:
             check_source(code, origin)
         except TaskLoadError as error:
@@ -402,7 +410,7 @@ def load_ops_table(path: str | Path, level: int = 1) -> LoadReport:
             continue
         report.add(
             Task.from_source(
-                id=f"{source_name}/row{index}",
+                id=ops_task_id(row.get("data_source"), index, path),
                 source=code,
                 level=level,
                 tags=_parse_ops(row.get("ops")),

@@ -21,7 +21,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from autoprofiler.generate.verdicts import append_verdict, read_verdicts, verdict_row, write_summary  # noqa: E402
+from autoprofiler.generate.verdicts import (  # noqa: E402
+    TASK_COLUMNS,
+    append_verdict,
+    read_verdicts,
+    verdict_row,
+    write_summary,
+)
 
 FAILED_TO_RUN = ("compile_error", "runtime_error", "timeout", "crashed")
 
@@ -41,8 +47,7 @@ def main(argv=None) -> int:
 
     from autoprofiler.tables import read_table
 
-    columns = ["hash", "data_source", "dtype", "est_full_ms", "est_full_peak_gib"]
-    tasks = pq.read_table(args.table, columns=columns).to_pylist()
+    tasks = pq.read_table(args.table, columns=list(TASK_COLUMNS)).to_pylist()
     known = {t["hash"] for t in tasks}
     verdicts = read_verdicts(args.verdicts)
     config = Path(args.recording, "config.json")

@@ -21,12 +21,10 @@ echo "time filter rc=$?: $(tail -1 "$OUT/filter_time.log")"
 python3 - "$REC" <<'PY'
 import json, sys
 from pathlib import Path
+from autoprofiler.generate.verdicts import read_verdicts
 rec = Path(sys.argv[1])
-ok = set()
-for line in Path("datasets/ops_gen/gpu_verdicts.jsonl").read_text().splitlines():
-    row = json.loads(line)
-    if row.get("stage") == "time":
-        (ok.add if row.get("ok") else ok.discard)(row["hash"])
+verdicts = read_verdicts("datasets/ops_gen/gpu_verdicts.jsonl")
+ok = {h for (h, stage), row in verdicts.items() if stage == "time" and row["ok"]}
 ids = [ln.split("\t")[0] for ln in (rec / "selection.txt").read_text().splitlines()
        if ln and not ln.startswith("#") and ln.split("\t")[1] in ok]
 text = (rec / "record.yaml").read_text().splitlines()

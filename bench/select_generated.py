@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 TABLE = ROOT / "datasets" / "ops_gen" / "tasks.parquet"
 OUT = ROOT / "datasets" / "recorded" / "h200"
 MAX_EST_MS, MAX_EST_GIB = 4.0, 3.0
@@ -61,10 +62,12 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     import pyarrow.parquet as pq
 
+    from autoprofiler.tasks import ops_task_id
+
     columns = ["data_source", "hash", "est_full_ms", "est_full_peak_gib"]
     rows = pq.read_table(TABLE, columns=columns).to_pylist()
     for index, r in enumerate(rows):
-        r["id"] = f"{r['data_source']}/row{index}"  # as autoprofiler.tasks.load_ops_table names it
+        r["id"] = ops_task_id(r["data_source"], index, TABLE)
     chosen = select(rows, args.count)
     if len(chosen) < args.count:
         print(f"error: only {len(chosen)} tasks meet the rule, --count {args.count}", file=sys.stderr)

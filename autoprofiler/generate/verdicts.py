@@ -18,6 +18,8 @@ from pathlib import Path
 from autoprofiler.generate.checks import time_verdict
 
 STAGES = ("time", "compile")
+#: the columns of the task table that ``write_summary`` reads
+TASK_COLUMNS = ("hash", "data_source", "dtype", "est_full_ms", "est_full_peak_gib")
 SUMMARY_COLUMNS = (
     "hash",
     "data_source",

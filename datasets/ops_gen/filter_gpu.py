@@ -28,7 +28,13 @@ sys.path.insert(0, str(HERE.parents[1]))
 
 from autoprofiler.generate.checks import compile_job, gpu_time_job  # noqa: E402
 from autoprofiler.generate.pool import JobResult, WorkerPool  # noqa: E402
-from autoprofiler.generate.verdicts import append_verdict, read_verdicts, verdict_row, write_summary  # noqa: E402
+from autoprofiler.generate.verdicts import (  # noqa: E402
+    TASK_COLUMNS,
+    append_verdict,
+    read_verdicts,
+    verdict_row,
+    write_summary,
+)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -82,7 +88,7 @@ def main(argv=None) -> int:
     timeout_s = args.timeout or (120.0 if args.stage == "time" else 300.0)
     backend = args.backend or ("inductor" if cuda else "eager")
     log_path = Path(args.verdicts) if args.verdicts else Path(args.table).with_name("gpu_verdicts.jsonl")
-    columns = ["hash", "code", "data_source", "dtype", "est_full_ms", "est_full_peak_gib"]
+    columns = [*TASK_COLUMNS, "code"]
     tasks = table_tasks = pq.read_table(args.table, columns=columns).to_pylist()
     if args.only:
         lines = [ln.split()[-1] for ln in Path(args.only).read_text().splitlines() if ln.strip()]
