@@ -30,7 +30,7 @@ from typing import Any
 from autoprofiler.rewards import configuration_name
 from autoprofiler.tree import ProfilingTree
 
-__all__ = ["Blind", "Oracle", "Policy", "Random", "Selection", "Static", "TreePolicy"]
+__all__ = ["Blind", "Oracle", "Policy", "Random", "Selection", "Static", "TreePolicy", "held_out_policies"]
 
 log = logging.getLogger(__name__)
 
@@ -285,3 +285,19 @@ class TreePolicy(Policy):
 
 def _from_route(route: Any) -> Selection:
     return Selection(route.leaf_groups, route.profile, route.passes, route.seconds, route.path, route.leaf)
+
+
+def held_out_policies(
+    seed_tree: ProfilingTree, tree: ProfilingTree, probes: Sequence[str], groups: Iterable[str]
+) -> dict[str, Any]:
+    """What ``workflows/train.py`` judges on the held-out split, by name: blind, each probed static
+    configuration, random (drawn like ``tree`` from ``groups``), the seed tree, the learned tree, and
+    the oracle over ``probes`` (``analysis.evaluate_policies`` takes the oracle as that list)."""
+    return {
+        "blind": Blind(),
+        **{f"static:{n}": Static(n) for n in probes},
+        "random": Random.like(tree, seed=0, pool=groups),
+        "seed_tree": TreePolicy(seed_tree, "seed_tree"),
+        "learned_tree": TreePolicy(tree, "learned_tree"),
+        "oracle": probes,
+    }

@@ -157,7 +157,7 @@ def run_learner(folder: Path, tasks: Sequence, run_dir: Path, ray: bool = False)
     from autoprofiler.analysis import evaluate_policies, oracle_analysis, outcome_matrix, split_tasks
     from autoprofiler.environments import ReplayEnvironment
     from autoprofiler.learning import LearnConfig, Learner, StatisticalProposer
-    from autoprofiler.policies import Blind, Random, Static, TreePolicy
+    from autoprofiler.policies import held_out_policies
     from autoprofiler.profiling import CONFIGURATIONS, GROUPS
     from autoprofiler.rewriters import RuleRewriter
     from autoprofiler.tree import load_tree
@@ -199,14 +199,7 @@ def run_learner(folder: Path, tasks: Sequence, run_dir: Path, ray: bool = False)
     for name in WRAPPED.values():  # instance attributes: fit calls these
         setattr(learner, name, clock.wrap(name, getattr(learner, name)))
     tree = clock.phase("fit", lambda: learner.fit(tree0))
-    policies = {
-        "blind": Blind(),
-        **{f"static:{n}": Static(n) for n in probes},
-        "random": Random.like(tree, seed=0, pool=groups),
-        "seed_tree": TreePolicy(tree0, "seed_tree"),
-        "learned_tree": TreePolicy(tree, "learned_tree"),
-        "oracle": probes,
-    }
+    policies = held_out_policies(tree0, tree, probes, groups)
     _, summary = clock.phase("held_out", lambda: evaluate_policies(test, policies, env, rewriter))
     oracle = clock.phase(
         "oracle", lambda: oracle_analysis(outcome_matrix(test + train, probes, env, rewriter))

@@ -214,7 +214,7 @@ def main(argv: list[str]) -> int:
         split_tasks,
     )
     from autoprofiler.learning import LearnConfig, Learner
-    from autoprofiler.policies import Blind, Random, Static, TreePolicy
+    from autoprofiler.policies import TreePolicy, held_out_policies
     from autoprofiler.profiling import CONFIGURATIONS, GROUPS
     from autoprofiler.report import build_report
     from autoprofiler.rewards import configuration_name
@@ -300,14 +300,7 @@ def main(argv: list[str]) -> int:
         )
 
         # 3. judge on held-out tasks: blind, static configurations, random, seed tree, learned tree, oracle
-        policies = {
-            "blind": Blind(),
-            **{f"static:{n}": Static(n) for n in probes},
-            "random": Random.like(tree, seed=0, pool=groups),
-            "seed_tree": TreePolicy(tree0, "seed_tree"),
-            "learned_tree": TreePolicy(tree, "learned_tree"),
-            "oracle": probes,
-        }
+        policies = held_out_policies(tree0, tree, probes, groups)
         print(f"judging {len(policies)} policies on {len(test)} held-out tasks ...", flush=True)
         with stage("held-out policies"):
             rows, summary = evaluate_policies(test, policies, env, rewriter)
