@@ -504,6 +504,18 @@ def _cuda_here() -> bool:
     return bool(torch.cuda.is_available())
 
 
+def probe_problems(probe: Sequence[str], source: str) -> list[str]:
+    """``probe``: names of fixed configurations (``profiling.CONFIGURATIONS``) whose groups all belong
+    to ``source``; one line naming the others, with the ones that do."""
+    from autoprofiler.profiling import CONFIGURATIONS, GROUPS
+
+    mine = [n for n, groups in CONFIGURATIONS.items() if all(GROUPS[g].source == source for g in groups)]
+    unknown = [p for p in probe if p not in mine]
+    if unknown:
+        return [f"probe: {unknown} are not {source} configurations (known: {', '.join(mine)})"]
+    return []
+
+
 def select_tasks(
     spec: str | Path, names: Sequence[str] = (), max_tasks: int = 0
 ) -> tuple[list, Any, list[str]]:

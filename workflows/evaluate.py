@@ -48,6 +48,7 @@ from autoprofiler.workflow import (  # noqa: E402
     make_runner,
     out_dir_problems,
     prepare_out_dir,
+    probe_problems,
     resolve_path,
     run_main,
     save_config,
@@ -83,7 +84,6 @@ def load_trees(paths: list[str]) -> dict:
 
 def check(cfg: dict) -> list[str]:
     """Problems with values, paths and trees, found before any work starts."""
-    from autoprofiler.profiling import CONFIGURATIONS, GROUPS
 
     problems = []
     if cfg["environment"] not in ENVIRONMENTS:
@@ -107,16 +107,7 @@ def check(cfg: dict) -> list[str]:
     if cfg["environment"] == "live":
         problems += worker_problems(cfg)
     if isinstance(cfg["probe"], list):
-        mine = [
-            n
-            for n, groups in CONFIGURATIONS.items()
-            if all(GROUPS[g].source == cfg["source"] for g in groups)
-        ]
-        unknown = [p for p in cfg["probe"] if p not in mine]
-        if unknown:
-            problems.append(
-                f"probe: {unknown} are not {cfg['source']} configurations (known: {', '.join(mine)})"
-            )
+        problems += probe_problems(cfg["probe"], cfg["source"])
         if cfg["best_static"] is not None and cfg["best_static"] not in cfg["probe"]:
             problems.append(
                 f"best_static: expected null or one of probe {cfg['probe']}, got {cfg['best_static']!r}"

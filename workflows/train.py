@@ -44,6 +44,7 @@ from autoprofiler.workflow import (  # noqa: E402
     make_runner,
     out_dir_problems,
     prepare_out_dir,
+    probe_problems,
     resolve_path,
     run_main,
     save_config,
@@ -61,7 +62,6 @@ SHOWN = ("environment", "tasks", "task_filter", "max_tasks", "source", "device",
 
 def check(cfg: dict) -> list[str]:
     """Problems with values, paths, the tasks and the starting tree, found before any work starts."""
-    from autoprofiler.profiling import CONFIGURATIONS, GROUPS
 
     problems = []
     if cfg["environment"] not in ENVIRONMENTS:
@@ -90,16 +90,7 @@ def check(cfg: dict) -> list[str]:
     if cfg["environment"] == "live":
         problems += worker_problems(cfg)
     if isinstance(cfg["probe"], list) and isinstance(cfg["source"], str):
-        mine = [
-            n
-            for n, groups in CONFIGURATIONS.items()
-            if all(GROUPS[g].source == cfg["source"] for g in groups)
-        ]
-        unknown = [p for p in cfg["probe"] if p not in mine]
-        if unknown:
-            problems.append(
-                f"probe: {unknown} are not {cfg['source']} configurations (known: {', '.join(mine)})"
-            )
+        problems += probe_problems(cfg["probe"], cfg["source"])
     if isinstance(cfg["tree"], str) and isinstance(cfg["source"], str):
         problems += _tree_problems(cfg)
     if isinstance(cfg["learn"], dict):
