@@ -56,8 +56,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--l2-flush-mb", type=int, default=256, help="EvalConfig.l2_flush_mb (CUDA; 0: none)")
     p.add_argument(
         "--output-transport",
-        default="memfd",
-        choices=("memfd", "cuda_ipc"),
+        default="auto",
+        choices=("auto", "channel", "memfd"),
         help="how the candidate's outputs reach the reference process (EvalConfig.output_transport)",
     )
     p.add_argument(

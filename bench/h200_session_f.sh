@@ -3,15 +3,15 @@
 # what they unblock. Each step runs only if the call has time left for it (DEADLINE_S, default 570);
 # everything lands in $OUT/s.tgz (unpack under /tmp and copy what is kept into bench/results/).
 #   AUTOPROFILER_GIT_SHA=$(git rev-parse --short=12 HEAD) AUTOPROFILER_GIT_DIRTY=0 \
-#     DEADLINE_S=570 bash bench/h200_session_f.sh probe hardened hardened_ipc tests   # first call, ~9 min
-#   ... DEADLINE_S=570 bash bench/h200_session_f.sh range memory rowwise record     # second call
+#     DEADLINE_S=570 bash bench/h200_session_f.sh hardened tests        # evaluator: throughput, GPU tests
+#   ... DEADLINE_S=570 bash bench/h200_session_f.sh range memory rowwise record     # issue 11
 # Steps:
-#   probe     bench/cuda_ipc_probe.py at 1 and 4 GiB: can the reference process read the candidate's
-#             CUDA outputs by IPC (the candidate as uid 65534), and how long the memfd path takes (~1 min)
-#   hardened  bench/eval_throughput.py over the suite with --trace: throughput, identity noise, and
-#             per evaluation where the time goes (candidate trials, packing, unpacking, comparing) (~3 min)
-#   hardened_ipc  the same with --output-transport cuda_ipc (outputs as CUDA handles, not via host memory)
-#   tests     tests/test_evaluation_gpu.py (~3.5 min; 178 s on 2026-12-03 before the cuda_ipc tests)
+#   hardened  bench/eval_throughput.py over the suite with --trace (the default transport: the output
+#             channel on CUDA): throughput, identity noise, and per evaluation where the time goes
+#             (candidate trials, packing, unpacking, comparing) (~2-3 min)
+#   hardened_memfd  the same with --output-transport memfd (a sealed memfd per message; 146.8 s on
+#             2026-12-03, when it was the default)
+#   tests     tests/test_evaluation_gpu.py (~4 min; 203 s on 2026-12-03)
 #   range     the per-group range-replay tests (test_each_group_by_range_replay; ~1.5 min)
 #   rowwise   the range-replay test on rowwise_loop_normalize (1,280 kernels; over 2.5 min, not finished yet)
 #   memory    tests/test_evaluation_memory_gpu.py (~5 min)
@@ -26,18 +26,15 @@ for step in "$@"; do
   L=$(left); echo "== $step at $(( $(date +%s) - T0 ))s, ${L}s left"
   [ "$L" -gt 60 ] || { echo "no time left for $step"; continue; }
   case $step in
-  probe)
-    for g in 1 4; do timeout -k 5 $(cap 60) python3 bench/cuda_ipc_probe.py --gib $g --out $H/cuda_ipc_probe_${g}gib.json \
-      > $H/cuda_ipc_probe_${g}gib.log 2>&1; echo "probe ${g} GiB rc=$?: $(tr -d '\n' < $H/cuda_ipc_probe_${g}gib.log | cut -c1-400)"; done ;;
   hardened)
     timeout -k 5 $(cap 240) python3 bench/eval_throughput.py --device cuda --size full --trials 100 --repeats 1 \
       --out $H/eval_throughput_cuda_hardened.md --trace $H/eval_trace_cuda.jsonl > $H/hardened.log 2>&1
     echo "hardened rc=$?: $(grep 'per minute' $H/hardened.log)" ;;
-  hardened_ipc)
+  hardened_memfd)
     timeout -k 5 $(cap 240) python3 bench/eval_throughput.py --device cuda --size full --trials 100 --repeats 1 \
-      --output-transport cuda_ipc --out $H/eval_throughput_cuda_ipc.md --trace $H/eval_trace_cuda_ipc.jsonl \
-      > $H/hardened_ipc.log 2>&1
-    echo "hardened (cuda_ipc) rc=$?: $(grep 'per minute' $H/hardened_ipc.log)" ;;
+      --output-transport memfd --out $H/eval_throughput_cuda_memfd.md --trace $H/eval_trace_cuda_memfd.jsonl \
+      > $H/hardened_memfd.log 2>&1
+    echo "hardened (memfd) rc=$?: $(grep 'per minute' $H/hardened_memfd.log)" ;;
   tests)
     AUTOPROFILER_BENCH_OUT=$H timeout -k 10 $(cap 330) python3 -m pytest -m gpu -rA -v -p no:cacheprovider \
       tests/test_evaluation_gpu.py > $H/eval_gpu_tests.log 2>&1

@@ -302,19 +302,20 @@ def test_tensor_transport_round_trip_and_checks():
 
     from autoprofiler.evaluation import _harness as harness
 
+    transport = role_module("transport")
     tools = harness.Tools(torch, "cpu")
     values = [torch.arange(6, dtype=torch.float32).reshape(2, 3), 3, None, torch.tensor([True, False])]
-    metas, fd = harness.pack_tensors(tools, values)
-    back = harness.unpack_tensors(tools, metas, fd)
+    metas, fd = transport.pack_tensors(tools, values)
+    back = transport.unpack_tensors(tools, metas, fd)
     assert torch.equal(back[0], values[0]) and back[1:3] == [3, None] and torch.equal(back[3], values[3])
-    metas, fd = harness.pack_tensors(tools, values[:1])
+    metas, fd = transport.pack_tensors(tools, values[:1])
     bad = [dict(metas[0], shape=[4, 3])]
     with pytest.raises(harness.ProtocolError, match="inconsistent sizes"):
-        harness.unpack_tensors(tools, bad, fd)
+        transport.unpack_tensors(tools, bad, fd)
     unsealed = os.memfd_create("x")
     os.ftruncate(unsealed, 64)
     with pytest.raises(harness.ProtocolError, match="seal"):
-        harness.unpack_tensors(tools, [], unsealed)
+        transport.unpack_tensors(tools, [], unsealed)
     assert tools.checksum(values) == tools.checksum([v.clone() if hasattr(v, "clone") else v for v in values])
 
 
@@ -338,33 +339,64 @@ def test_warm_up_runs_in_timing_sized_blocks(monkeypatch):
     assert seen == [3, 3, 1]
 
 
-def test_cuda_ipc_metadata_is_checked_before_any_handle_opens():
-    """The CUDA IPC transport's receiving side refuses forged metadata before touching the driver: a
-    reference counter named for another process, a shape larger than its storage, malformed fields;
-    values and empty tensors need no handle. (Opening real handles: tests/test_evaluation_gpu.py.)"""
+def test_output_channel_round_trip_growth_and_checks():
+    """The output channel: one memfd reused across messages, a new one sent only when the outputs
+    outgrow it; the receiving side copies every tensor out (a later write to the channel changes no
+    value it returned) and refuses entries outside the channel, a memfd whose size is not sealed, and
+    tensors before any channel was sent. (Page-locking on CUDA: tests/test_evaluation_gpu.py.)"""
     import torch
 
     from autoprofiler.evaluation import _harness as harness
 
+    transport = role_module("transport")
     tools = harness.Tools(torch, "cpu")
-    counter = b"/torch_1234_99_0".hex()
-    good = {"kind": "tensor", "dtype": "float32", "shape": [2, 3], "device": "cuda", "storage_offset": 0}
-    ipc = [0, "ab" * 32, 24, 0, counter, 0, "", False]
-    assert harness.open_cuda(tools, [{"kind": "value", "value": 3}], 1234) == [3]
-    empty = harness.open_cuda(tools, [{"kind": "tensor", "dtype": "float32", "shape": [0, 3]}], 1234)
-    assert empty[0].shape == (0, 3)
-    cases = {
-        "not the sender": (dict(good, ipc=ipc), 4321),
-        "larger than its shared storage": (dict(good, shape=[4, 3], ipc=ipc), 1234),
-        "bad CUDA handle metadata": (dict(good, ipc=ipc[:7]), 1234),
-        "without a handle": ({k: v for k, v in good.items() if k != "storage_offset"}, 1234),
-        "bad tensor metadata": (dict(good, shape=[-1], ipc=ipc), 1234),
+    sender, receiver = transport.OutputChannel(tools), transport.OutputMapping(tools)
+    with pytest.raises(harness.ProtocolError, match="never sent"):
+        receiver.read([{"kind": "tensor", "dtype": "uint8", "shape": [1], "offset": 0, "nbytes": 1}])
+    small = [torch.arange(6, dtype=torch.float32).reshape(2, 3), "x", None]
+    metas, fds = sender.pack(small)
+    assert len(fds) == 1 and sender.size == transport.CHANNEL_MIN_BYTES
+    receiver.open(fds[0])
+    back = receiver.read(metas)
+    assert torch.equal(back[0], small[0]) and back[1:] == ["x", None]
+    sender.buf[:24].fill_(0)  # the candidate writes again: what was read is a copy
+    assert torch.equal(back[0], small[0])
+    metas, fds = sender.pack([torch.ones(3)])
+    assert fds == () and torch.equal(receiver.read(metas)[0], torch.ones(3))
+    big = torch.ones(transport.CHANNEL_MIN_BYTES // 4 + 1)
+    metas, fds = sender.pack([big])
+    assert len(fds) == 1 and sender.size >= big.numel() * 4
+    receiver.open(fds[0])
+    assert torch.equal(receiver.read(metas)[0], big)
+    outside = [dict(metas[0], offset=receiver.size)]
+    with pytest.raises(harness.ProtocolError, match="outside the transport"):
+        receiver.read(outside)
+    unsealed = os.memfd_create("x")
+    os.ftruncate(unsealed, 4096)
+    with pytest.raises(harness.ProtocolError, match="unsealed"):
+        receiver.open(unsealed)
+    sender.close()
+    receiver.close()
+
+
+@pytest.mark.parametrize("candidate", ["identity", "wrong_values.py", "stale_after_checks.py"])
+def test_output_channel_evaluates_like_the_memfd(evaluator, matmul, candidate):
+    """``output_transport="channel"`` on CPU (the CUDA default): the same classifications as the
+    memfd, through the real two-process protocol."""
+    if candidate == "identity":
+        source = identity_candidate(matmul.source)
+    else:
+        source = (CORPUS_DIR / candidate).read_text()
+    results = {
+        name: evaluator.evaluate(matmul, source, config=replace(BASE, output_transport=name))
+        for name in ("channel", "memfd")
     }
-    for message, (meta, pid) in cases.items():
-        with pytest.raises(harness.ProtocolError, match=message):
-            harness.open_cuda(tools, [meta], pid)
-    with pytest.raises(ValueError, match="needs a CUDA device"):
-        EvalConfig(device="cpu", output_transport="cuda_ipc")
+    assert results["channel"].error_kind == results["memfd"].error_kind, {
+        k: r.summary() for k, r in results.items()
+    }
+    assert (results["channel"].error_kind is None) == (candidate == "identity")
+    assert results["channel"].details["output_channel"]["bytes"] == role_module("transport").CHANNEL_MIN_BYTES
+    assert "output_channel" not in results["memfd"].details
     with pytest.raises(ValueError, match="output_transport must be one of"):
         EvalConfig(output_transport="pickle")
 

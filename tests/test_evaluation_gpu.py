@@ -169,25 +169,28 @@ def test_fault_corpus_on_cuda(gpu_evaluator, name):
 @pytest.mark.parametrize(
     "name", ["identity", "wrong_values.py", "stale_after_checks.py", "cached_output.py", "wrong_shape.py"]
 )
-def test_cuda_ipc_transport_classifies_as_the_memfd(gpu_evaluator, name):
-    """output_transport="cuda_ipc": the candidate's outputs reach the reference process as device
-    memory handles. An identity candidate is correct at ~1.0x and moves its outputs faster than by
-    memfd; the corpus's wrong, stale, cached and misshapen outputs are classified as by memfd."""
-    config = replace(GPU, output_transport="cuda_ipc")
+@pytest.mark.parametrize("transport", ["channel", "memfd"])
+def test_both_output_transports_classify_alike(gpu_evaluator, transport, name):
+    """The CUDA default, the output channel (one memfd page-locked in both processes), and a sealed
+    memfd per message classify the same: an identity candidate is correct at ~1.0x, and the corpus's
+    wrong, stale, cached and misshapen outputs are flagged. The channel really is page-locked."""
+    config = replace(GPU, output_transport=transport)
     if name == "identity":
         task = load_tiny_task("matmul_big")
         result = gpu_evaluator.evaluate(task, identity_candidate(task.source), config=config)
-        _record("cuda_ipc/identity", result)
+        _record(f"{transport}/identity", result)
         assert result.correct and 0.9 <= result.speedup <= 1.1, result.summary()
+        if transport == "channel":
+            assert result.details["output_channel"]["pinned"] is True, result.details.get("output_channel")
         return
     case = CASES[name]
     task = load_tiny_task(case["task"])
     result = gpu_evaluator.evaluate(
         task, (CORPUS_DIR / name).read_text(), config=replace(config, timing_trials=20, **case["config"])
     )
-    _record(f"cuda_ipc/{name}", result)
+    _record(f"{transport}/{name}", result)
     expected = case["expect"]
-    assert (result.correct if expected == "correct" else result.error_kind == expected), result.summary()
+    assert result.correct if expected == "correct" else result.error_kind == expected, result.summary()
 
 
 def test_candidate_host_memory_limit_on_cuda():

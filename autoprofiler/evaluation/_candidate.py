@@ -33,6 +33,7 @@ import types
 import _autoprofiler_harness as harness
 
 _memory = harness.role_module("memory")
+_transport = harness.role_module("transport")
 
 INPUT_MODULE = "_autoprofiler_task_inputs"
 CANDIDATE_MODULE = "_autoprofiler_candidate"
@@ -83,7 +84,8 @@ class CandidateProcess:
         self.ref_mutates = False
         self.snapshot: dict = {}
         self.threads_before: set = set()
-        self.ipc_held: list = []  # outputs shared by CUDA IPC, alive until the next request
+        channel = _transport.transport(self.cfg, tools) == "channel"
+        self.channel = _transport.OutputChannel(tools) if channel else None  # outputs -> reference process
 
     # -- protocol ------------------------------------------------------------------------------------
     def serve(self) -> None:
@@ -101,7 +103,6 @@ class CandidateProcess:
         }
         while True:
             msg, fds = self.link.recv()
-            self.ipc_held = []  # the reference process has copied what was shared before this request
             if msg.get("op") == "block":
                 self.fds = fds  # a timing input set shared by the reference process (CPU)
             else:
@@ -296,7 +297,7 @@ class CandidateProcess:
         def make(key, seed):
             if key in shared:
                 metas, fd = shared.pop(key)
-                return harness.unpack_tensors(tools, metas, fd, copy=False)
+                return _transport.unpack_tensors(tools, metas, fd, copy=False)
             return tools.make_inputs(self.get_inputs, int(seed))
 
         try:
@@ -338,13 +339,11 @@ class CandidateProcess:
 
     def pack_outputs(self, values: list) -> tuple[dict, tuple[int, ...]]:
         """The message fields and file descriptors that carry ``values`` to the reference process: a
-        sealed memfd, or (``output_transport="cuda_ipc"``) CUDA handles to tensors held until the next
-        request."""
-        if self.cfg.get("output_transport") == "cuda_ipc" and self.tools.is_cuda:
-            metas, self.ipc_held = harness.share_cuda(self.tools, values)
-            self.tools.sync()  # the outputs are complete before the other process reads them
-            return {"meta": metas, "transport": "cuda_ipc"}, ()
-        metas, fd = harness.pack_tensors(self.tools, values)
+        new sealed memfd, or the output channel (``_transport``; a new memfd only when it grows)."""
+        if self.channel is not None:
+            metas, fds = self.channel.pack(values)
+            return {"meta": metas, "transport": "channel"}, fds
+        metas, fd = _transport.pack_tensors(self.tools, values)
         return {"meta": metas}, (fd,)
 
     def finish(self, msg: dict) -> None:

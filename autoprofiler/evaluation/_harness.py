@@ -8,7 +8,8 @@ socket (the *link*):
   outside; it writes the evaluation's result. It never runs candidate code.
 - the **candidate** process (``_candidate.py``) imports the candidate and runs ``ModelNew`` on inputs it
   builds itself from the task's ``get_inputs`` (the task source with its ``Model`` class replaced by a
-  stand-in) and the seeds the reference process sends; its outputs go back through sealed memfds. The
+  stand-in) and the seeds the reference process sends; its outputs go back through memfds
+  (``_transport.py``). The
   reference model and its outputs never exist in this process.
 
 Started by ``Evaluator`` as ``python -s <this file> --role R --result-fd N --link-fd L --device D
@@ -21,7 +22,7 @@ forked by the fork server (``--zygote-fd``). Each worker:
    ``{"nonce": ..., "result": {...}}`` on its result fd (only it knows the nonce) and exits.
    ``{"phase": ...}`` lines before each step let the parent say where a worker hung or died.
 
-This file holds what both roles share (the link, tensor transport, the timer, checksums), the entry
+This file holds what both roles share (the link, the timer, checksums), the entry
 point and the fork server. Only the standard library is imported at module level, and nothing from the
 package: it runs as a plain script, and loads the two role modules beside it by path.
 """
@@ -31,12 +32,10 @@ from __future__ import annotations
 import argparse
 import copy
 import faulthandler
-import fcntl
 import gc
 import importlib.util
 import json
 import math
-import mmap
 import os
 import random
 import socket
@@ -71,8 +70,6 @@ CANDIDATE_FILENAME = "<candidate>"  # the code object filename of everything the
 # The user a candidate process runs as when the evaluator runs as root ("nobody" on Debian/Ubuntu): it
 # can then neither signal, trace nor read the memory of the reference process (which runs as root).
 UNPRIVILEGED_ID = 65534
-ALIGN = 64  # byte alignment of each tensor inside a transport memfd
-SEALS = ("F_SEAL_SHRINK", "F_SEAL_GROW", "F_SEAL_WRITE", "F_SEAL_SEAL")
 
 
 class Failure(Exception):
@@ -109,8 +106,8 @@ class Channel:
 class Link:
     """JSON messages between the two processes of a pair, one ``SOCK_SEQPACKET`` packet each.
 
-    A message may carry file descriptors (``SCM_RIGHTS``): tensors travel as sealed memfds
-    (``pack_tensors``), never through ``pickle``. ``recv`` raises ``EOFError`` when the peer is gone and
+    A message may carry file descriptors (``SCM_RIGHTS``): tensors travel as memfds
+    (``_transport.py``), never through ``pickle``. ``recv`` raises ``EOFError`` when the peer is gone and
     ``ProtocolError`` for a packet that is too large or not a JSON object.
     """
 
@@ -401,249 +398,6 @@ class Tools:
         if isinstance(obj, tuple):
             return tuple(self._pooled_copy(o) for o in obj)
         return obj
-
-
-# --------------------------------------------------------------------------------------------------
-# Tensor transport: sealed memfds
-# --------------------------------------------------------------------------------------------------
-def pack_tensors(tools: Tools, values: list) -> tuple[list[dict], int]:
-    """Write ``values`` (tensors and plain values) into a new sealed memfd: ``(metas, fd)``.
-
-    Tensors are copied as raw bytes (a CUDA tensor straight from the device), each at a 64-byte-aligned
-    offset; plain values travel in the metadata. The memfd is sealed against writes and size changes, so
-    the receiving process can map it without the sender changing it or truncating it underneath.
-    """
-    torch = tools.torch
-    metas, blobs, offset = [], [], 0
-    for value in values:
-        if isinstance(value, tools.Tensor):
-            t = tools.plain(value).contiguous()
-            nbytes = t.numel() * t.element_size()
-            metas.append(
-                {
-                    "kind": "tensor",
-                    "dtype": str(t.dtype).replace("torch.", ""),
-                    "shape": list(t.shape),
-                    "device": t.device.type,
-                    "offset": offset,
-                    "nbytes": nbytes,
-                }
-            )
-            blobs.append((offset, t))
-            offset += -(-nbytes // ALIGN) * ALIGN
-        elif value is None or isinstance(value, (bool, int, float, str)):
-            metas.append({"kind": "value", "value": value})
-        else:
-            metas.append({"kind": "object", "type": type(value).__name__, "repr": repr(value)[:200]})
-    fd = os.memfd_create("autoprofiler-tensors", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
-    try:
-        os.ftruncate(fd, offset)
-        if offset:
-            mm = mmap.mmap(fd, offset)
-            buf = torch.frombuffer(mm, dtype=torch.uint8)
-            with tools.no_torch_function():
-                for off, t in blobs:
-                    n = t.numel() * t.element_size()
-                    if n:
-                        buf[off : off + n].copy_(t.reshape(-1).view(torch.uint8))
-            del buf
-            mm.close()
-        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _seal_bits())
-    except BaseException:
-        os.close(fd)
-        raise
-    return metas, fd
-
-
-def unpack_tensors(tools: Tools, metas: list[dict], fd: int, copy: bool = True) -> list:
-    """Read what ``pack_tensors`` wrote, checking the memfd (sealed, exact size) and every entry.
-
-    Tensors land on ``tools.device``; with ``copy=False`` (CPU) they are views of a private mapping of
-    the memfd instead: pages shared with every other process that maps it until one writes to them.
-    Raises ``ProtocolError`` for anything malformed. Closes ``fd``.
-    """
-    torch = tools.torch
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise ProtocolError("a tensor transport that is not a memfd")
-        try:
-            seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
-        except OSError as exc:
-            raise ProtocolError(f"a tensor transport without seals ({exc})") from exc
-        if seals & _seal_bits() != _seal_bits():
-            raise ProtocolError("an unsealed tensor transport")
-        size, end = info.st_size, 0
-        specs = []
-        for meta in metas:
-            if not isinstance(meta, dict):
-                raise ProtocolError("malformed tensor metadata")
-            if meta.get("kind") != "tensor":
-                specs.append(meta)
-                continue
-            dtype = getattr(torch, str(meta.get("dtype")), None)
-            shape, offset, nbytes = meta.get("shape"), meta.get("offset"), meta.get("nbytes")
-            if not isinstance(dtype, torch.dtype) or not isinstance(shape, list):
-                raise ProtocolError(f"bad tensor metadata {str(meta)[:120]}")
-            if not all(isinstance(d, int) and d >= 0 for d in shape + [offset, nbytes]):
-                raise ProtocolError(f"bad tensor metadata {str(meta)[:120]}")
-            if nbytes != math.prod(shape) * torch.empty((), dtype=dtype).element_size():
-                raise ProtocolError(f"tensor metadata with inconsistent sizes {str(meta)[:120]}")
-            if offset % ALIGN or offset < end or offset + nbytes > size:
-                raise ProtocolError("tensor offsets outside the transport")
-            end = offset + nbytes
-            specs.append(dict(meta, dtype=dtype))
-        mm = mmap.mmap(fd, size, access=mmap.ACCESS_COPY) if size else None
-        if not copy:  # the tensors keep the mapping alive
-            return _read_values(tools, specs, mm, copy=False)
-        try:
-            return _read_values(tools, specs, mm)
-        finally:
-            if mm is not None:
-                try:
-                    mm.close()
-                except BufferError:  # a view still alive (an exception's traceback): closed when freed
-                    pass
-    finally:
-        os.close(fd)
-
-
-def _read_values(tools: Tools, specs: list[dict], mm, copy: bool = True) -> list:
-    torch = tools.torch
-    buf = torch.frombuffer(mm, dtype=torch.uint8) if mm is not None else None
-    values = []
-    for spec in specs:
-        if spec.get("kind") == "tensor":
-            n = spec["nbytes"]
-            raw = buf[spec["offset"] : spec["offset"] + n] if n else torch.empty(0, dtype=torch.uint8)
-            t = raw.view(spec["dtype"]).reshape(spec["shape"])
-            values.append(tools.to(t, tools.device, copy=True) if copy else t)
-        elif spec.get("kind") == "value":
-            values.append(spec.get("value"))
-        else:
-            values.append(_Opaque(str(spec.get("type")), str(spec.get("repr"))))
-    return values
-
-
-# --------------------------------------------------------------------------------------------------
-# Tensor transport: CUDA IPC (EvalConfig.output_transport = "cuda_ipc")
-# --------------------------------------------------------------------------------------------------
-def share_cuda(tools: Tools, values: list) -> tuple[list[dict], list]:
-    """Device-memory handles of ``values``' CUDA tensors (``UntypedStorage._share_cuda_``), for the
-    other process to copy from without a trip through host memory: ``(metas, held)``. ``held`` must
-    stay alive until the receiver has copied (the sender keeps it until the next request)."""
-    metas, held = [], []
-    for value in values:
-        if isinstance(value, tools.Tensor):
-            t = tools.plain(value).contiguous()
-            dtype = str(t.dtype).replace("torch.", "")
-            meta = {"kind": "tensor", "dtype": dtype, "shape": list(t.shape), "device": t.device.type}
-            if t.numel():
-                shared = t.untyped_storage()._share_cuda_()
-                meta["ipc"] = [x.hex() if isinstance(x, bytes) else x for x in shared]
-                meta["storage_offset"] = t.storage_offset()
-                held.append(t)
-            metas.append(meta)
-        elif value is None or isinstance(value, (bool, int, float, str)):
-            metas.append({"kind": "value", "value": value})
-        else:
-            metas.append({"kind": "object", "type": type(value).__name__, "repr": repr(value)[:200]})
-    return metas, held
-
-
-def open_cuda(tools: Tools, metas: list[dict], owner_pid: int) -> list:
-    """Copies, in this process's own device memory, of what ``share_cuda`` shared in process
-    ``owner_pid``. Every entry is checked first: a dtype, a shape inside the shared storage, and the
-    reference counter's shared-memory name one of the owner's own (``/torch_<pid>_...``), so a forged
-    entry can name no other file. Raises ``ProtocolError`` for anything malformed or unopenable."""
-    torch = tools.torch
-    values = []
-    for meta in metas:
-        if not isinstance(meta, dict):
-            raise ProtocolError("malformed tensor metadata")
-        if meta.get("kind") == "value":
-            values.append(meta.get("value"))
-            continue
-        if meta.get("kind") != "tensor":
-            values.append(_Opaque(str(meta.get("type")), str(meta.get("repr"))))
-            continue
-        dtype = getattr(torch, str(meta.get("dtype")), None)
-        shape = meta.get("shape")
-        if not isinstance(dtype, torch.dtype) or not isinstance(shape, list):
-            raise ProtocolError(f"bad tensor metadata {str(meta)[:120]}")
-        if not all(type(d) is int and d >= 0 for d in shape):
-            raise ProtocolError(f"bad tensor metadata {str(meta)[:120]}")
-        if "ipc" not in meta:
-            if math.prod(shape):
-                raise ProtocolError("a non-empty tensor without a handle")
-            values.append(torch.empty(shape, dtype=dtype, device=tools.device))
-            continue
-        values.append(_open_one(tools, meta, dtype, shape, owner_pid))
-    return values
-
-
-def _open_one(tools: Tools, meta: dict, dtype, shape: list, owner_pid: int):
-    torch = tools.torch
-    ipc, offset = meta.get("ipc"), meta.get("storage_offset")
-    if not isinstance(ipc, list) or len(ipc) != 8 or type(offset) is not int or offset < 0:
-        raise ProtocolError(f"bad CUDA handle metadata {str(meta)[:120]}")
-    device, handle, size, base, counter, counter_offset, event, sync = ipc
-    ints = (device, size, base, counter_offset)
-    if not all(type(x) is int and x >= 0 for x in ints) or type(sync) is not bool:
-        raise ProtocolError(f"bad CUDA handle metadata {str(meta)[:120]}")
-    try:
-        handle, counter, event = bytes.fromhex(handle), bytes.fromhex(counter), bytes.fromhex(event)
-    except (TypeError, ValueError) as exc:
-        raise ProtocolError(f"bad CUDA handle metadata ({exc})") from exc
-    if not counter.decode("ascii", "replace").startswith(f"/torch_{owner_pid}_"):
-        raise ProtocolError("a CUDA handle whose reference counter is not the sender's")
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    if (offset + math.prod(shape)) * itemsize > size:
-        raise ProtocolError("a tensor larger than its shared storage")
-    try:
-        storage = torch.UntypedStorage._new_shared_cuda(
-            device, handle, size, base, counter, counter_offset, event, sync
-        )
-        view = torch.empty(0, dtype=dtype, device=tools.device)
-        view.set_(storage, offset, shape, _contiguous_strides(shape))
-        mine = view.clone()
-        tools.sync()
-    except RuntimeError as exc:
-        raise ProtocolError(f"the CUDA handle did not open: {describe(exc, 300)}") from exc
-    del view, storage
-    return mine
-
-
-def _contiguous_strides(shape: list) -> list:
-    """
-    >>> _contiguous_strides([2, 3, 4])
-    [12, 4, 1]
-    """
-    strides, step = [], 1
-    for d in reversed(shape):
-        strides.append(step)
-        step *= max(d, 1)
-    return strides[::-1]
-
-
-class _Opaque:
-    """A non-tensor, non-JSON output of the candidate, known by type name and repr only."""
-
-    def __init__(self, type_name: str, text: str):
-        self.type_name, self.text = type_name, text
-
-    def __repr__(self) -> str:
-        return self.text
-
-    def __eq__(self, other) -> bool:
-        return isinstance(other, _Opaque) and (self.type_name, self.text) == (other.type_name, other.text)
-
-
-def _seal_bits() -> int:
-    bits = 0
-    for name in SEALS:
-        bits |= getattr(fcntl, name)
-    return bits
 
 
 # --------------------------------------------------------------------------------------------------

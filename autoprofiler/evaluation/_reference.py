@@ -48,6 +48,7 @@ from _autoprofiler_harness import Failure
 _watch = harness.role_module("watch")
 ProcessWatch, SharedCores, TimingLock = _watch.ProcessWatch, _watch.SharedCores, _watch.TimingLock
 _memory = harness.role_module("memory")
+_transport = harness.role_module("transport")
 _compare = harness.role_module("compare")
 _timing = harness.role_module("timing")
 Timing, schedule, input_sets = _timing.Timing, _timing.schedule, _timing.input_sets
@@ -108,6 +109,8 @@ class Referee:
         self.layout = None  # the memory plan's layout (``plan_memory``), made on trial 0
         self.candidate_memory: dict = {}
         self.out_bytes = 0
+        channel = _transport.transport(self.cfg, tools) == "channel"
+        self.mapping = _transport.OutputMapping(tools) if channel else None  # the candidate's output channel
         if tools.is_cuda:
             self.details["device_name"] = self.torch.cuda.get_device_name(tools.device)
 
@@ -169,13 +172,15 @@ class Referee:
         return Failure("suspicious", f"the candidate's process broke the evaluation protocol: {what}")
 
     def outputs(self, msg: dict, fds: list[int], reference: list, what: str) -> list:
-        """The candidate's outputs (a memfd, or CUDA handles under ``output_transport="cuda_ipc"``),
-        after checking their structure against ``reference``."""
-        if msg.get("transport") == "cuda_ipc":
-            return self.ipc_outputs(msg, fds, reference, what)
-        if len(fds) != 1 or not isinstance(msg.get("meta"), list):
+        """The candidate's outputs (a new memfd, or the output channel: ``_transport``), after checking
+        their structure against ``reference``."""
+        channel = self.mapping is not None
+        if msg.get("transport", "memfd") != ("channel" if channel else "memfd"):
             harness.close_fds(fds)
-            raise self.protocol_error("outputs without exactly one memfd")
+            raise self.protocol_error(f"outputs by {msg.get('transport')!r}, not the evaluation's transport")
+        if len(fds) > 1 or not (channel or fds) or not isinstance(msg.get("meta"), list):
+            harness.close_fds(fds)
+            raise self.protocol_error("malformed outputs" if channel else "outputs without exactly one memfd")
         try:
             self.check_structure(reference, msg["meta"], what)
         except BaseException:
@@ -183,20 +188,13 @@ class Referee:
             raise
         with self.step_seconds("unpack_outputs_s"):
             try:
-                return harness.unpack_tensors(self.tools, msg["meta"], fds[0])  # closes the memfd
-            except harness.ProtocolError as exc:
-                raise self.protocol_error(str(exc)) from exc
-
-    def ipc_outputs(self, msg: dict, fds: list[int], reference: list, what: str) -> list:
-        harness.close_fds(fds)
-        if self.cfg.get("output_transport") != "cuda_ipc" or self.watch is None:
-            raise self.protocol_error("outputs by CUDA IPC when the transport is a memfd")
-        if not isinstance(msg.get("meta"), list):
-            raise self.protocol_error("CUDA IPC outputs without metadata")
-        self.check_structure(reference, msg["meta"], what)
-        with self.step_seconds("unpack_outputs_s"):
-            try:
-                return harness.open_cuda(self.tools, msg["meta"], self.watch.pid)
+                if not channel:
+                    return _transport.unpack_tensors(self.tools, msg["meta"], fds[0])  # closes the memfd
+                if fds:  # the channel grew: a new memfd replaces the one mapped here
+                    self.mapping.open(fds[0])
+                    mapping = self.mapping
+                    self.details["output_channel"] = {"bytes": mapping.size, "pinned": mapping.pinned}
+                return self.mapping.read(msg["meta"])
             except harness.ProtocolError as exc:
                 raise self.protocol_error(str(exc)) from exc
 

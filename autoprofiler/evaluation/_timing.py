@@ -25,6 +25,7 @@ import _autoprofiler_harness as harness
 from _autoprofiler_harness import Failure
 
 _memory = harness.role_module("memory")
+_transport = harness.role_module("transport")
 
 BLOCK_MS = 4.0  # target reference time of one timing block
 RETAIN_BYTES = 256 * 2**20  # outputs of one block each process keeps until the after-the-fact choice
@@ -163,7 +164,7 @@ class Timing:
         if any(isinstance(x, (list, tuple, dict)) for x in inputs):
             self.share_sets = False  # nested inputs: each process makes its own from the seed
             return
-        metas, fd = harness.pack_tensors(self.tools, inputs)
+        metas, fd = _transport.pack_tensors(self.tools, inputs)
         self.shared[index] = (metas, fd)
         self.mine[index] = (metas, os.dup(fd))
 
@@ -179,7 +180,7 @@ class Timing:
         its block the same way), else made from its seed."""
         if index in self.mine:
             metas, fd = self.mine.pop(index)
-            return harness.unpack_tensors(self.tools, metas, fd, copy=False)
+            return _transport.unpack_tensors(self.tools, metas, fd, copy=False)
         return self.tools.make_inputs(self.get_inputs, seed)
 
     def seed_of(self, index: int) -> int:

@@ -24,7 +24,7 @@ ERROR_KINDS = (
     "suspicious",
 )
 
-OUTPUT_TRANSPORTS = ("memfd", "cuda_ipc")
+OUTPUT_TRANSPORTS = ("auto", "channel", "memfd")
 TASK_SIZES = ("full", "small")
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
 
@@ -69,9 +69,10 @@ class EvalConfig:
         timing_lock: path of a lock file the reference process holds (``flock``) only while timing
             both models, so workers sharing a GPU build and check concurrently but time one at a time;
             the candidate's process never sees it. ``None``: no lock.
-        output_transport: how the candidate's outputs reach the reference process: ``"memfd"`` (a
-            sealed memfd: through host memory, any device) or ``"cuda_ipc"`` (CUDA: device-memory
-            handles, copied device to device; not yet measured on the H200, ``bench/cuda_ipc_probe.py``).
+        output_transport: how the candidate's outputs reach the reference process: ``"memfd"`` (a new
+            memfd per message, sealed against every change), ``"channel"`` (one memfd both processes
+            map once, page-locked on CUDA so the copies run at DMA speed; its size is sealed, its bytes
+            are copied out on arrival) or ``"auto"`` (channel on CUDA, memfd on CPU). ``_transport.py``.
         trace: keep every timed call's milliseconds, block by block, in ``details["trace"]`` (for
             studying the timing's noise: ``bench/eval_throughput.py --trace``).
 
@@ -95,7 +96,7 @@ class EvalConfig:
     l2_flush_mb: int = 256
     timing_lock: str | None = None
     memory_budget_gb: float | None = None
-    output_transport: str = "memfd"
+    output_transport: str = "auto"
     trace: bool = False
 
     def __post_init__(self) -> None:
@@ -120,8 +121,6 @@ class EvalConfig:
             problems.append(
                 f"output_transport must be one of {OUTPUT_TRANSPORTS}, got {self.output_transport!r}"
             )
-        elif self.output_transport == "cuda_ipc" and not str(self.device).startswith("cuda"):
-            problems.append(f"output_transport 'cuda_ipc' needs a CUDA device, got {self.device!r}")
         if not self.suspicious_speedup > 0:
             problems.append(f"suspicious_speedup must be > 0, got {self.suspicious_speedup!r}")
         if problems:
