@@ -11,8 +11,6 @@
 #             (candidate trials, packing, unpacking, comparing) (~2-3 min)
 #   hardened_memfd  the same with --output-transport memfd (a sealed memfd per message; 146.8 s on
 #             2026-12-03, when it was the default)
-#   hardened_cold  the same with AUTOPROFILER_EVAL_WARM_BLOCKS=0 (no spin before each block, both
-#             processes free to share a core): what the warm blocks change
 #   tests     tests/test_evaluation_gpu.py (~4 min; 203 s on 2026-12-03)
 #   range     the per-group range-replay tests (test_each_group_by_range_replay; ~1.5 min)
 #   rowwise   the range-replay test on rowwise_loop_normalize (1,280 kernels; over 2.5 min, not finished yet)
@@ -37,11 +35,6 @@ for step in "$@"; do
       --output-transport memfd --out $H/eval_throughput_cuda_memfd.md --trace $H/eval_trace_cuda_memfd.jsonl \
       > $H/hardened_memfd.log 2>&1
     echo "hardened (memfd) rc=$?: $(grep 'per minute' $H/hardened_memfd.log)" ;;
-  hardened_cold)
-    AUTOPROFILER_EVAL_WARM_BLOCKS=0 timeout -k 5 $(cap 240) python3 bench/eval_throughput.py --device cuda \
-      --size full --trials 100 --repeats 1 --out $H/eval_throughput_cuda_cold.md --trace $H/eval_trace_cuda_cold.jsonl \
-      > $H/hardened_cold.log 2>&1
-    echo "hardened (no block spin, shared cores) rc=$?: $(grep 'per minute' $H/hardened_cold.log)" ;;
   tests)
     AUTOPROFILER_BENCH_OUT=$H timeout -k 10 $(cap 330) python3 -m pytest -m gpu -rA -v -p no:cacheprovider \
       tests/test_evaluation_gpu.py > $H/eval_gpu_tests.log 2>&1

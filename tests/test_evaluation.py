@@ -513,19 +513,3 @@ def test_fork_server_is_restarted_when_killed(matmul):
         check_identity(ev, matmul)
         check_identity(ev, matmul)
         assert ev.fork_server
-
-
-def test_timing_cores_shared_on_cpu_distinct_on_cuda():
-    """``SharedCores``: shared, both processes time on the same cores (CPU); distinct (CUDA), the
-    reference process alone on its core and the candidate's on another. The reference process's own
-    mask comes back afterwards."""
-    watch = role_module("watch")
-    before = os.sched_getaffinity(0)
-    with watch.SharedCores(None, 1) as shared:
-        assert os.sched_getaffinity(0) == set(shared.cpus) and len(shared.cpus) == 1
-    if len(before) < 2:
-        pytest.skip("one CPU: no second core to be distinct on")
-    with watch.SharedCores(None, 1, distinct=True) as distinct:
-        mine = os.sched_getaffinity(0)
-        assert len(mine) == 1 and len(distinct.cpus) == 2 and mine < set(distinct.cpus)
-    assert os.sched_getaffinity(0) == before

@@ -72,19 +72,6 @@ CANDIDATE_FILENAME = "<candidate>"  # the code object filename of everything the
 UNPRIVILEGED_ID = 65534
 
 
-# CUDA timing: each process sleeps while the other times its block, and launch-bound calls came out
-# 2-3.5x slower than in one process that never sleeps (tiny_elementwise_chain 0.066 ms in one process,
-# 0.135-0.23 ms in the pair; bench/results/eval_hardening_h200/2026-12-03c/). Before each block the
-# timing process spins this long, and the two processes time on two different cores (``_watch.py``),
-# so neither starts a block on a core that just slept or ran the other. AUTOPROFILER_EVAL_WARM_BLOCKS=0
-# turns both off (benchmarks compare).
-BLOCK_SPIN_MS = 1.0
-
-
-def warm_blocks() -> bool:
-    return os.environ.get("AUTOPROFILER_EVAL_WARM_BLOCKS") != "0"
-
-
 class Failure(Exception):
     """A classified outcome: ``kind`` is one of the evaluator's error kinds (or ``task_error``, or
     ``evaluator_error``: the evaluation machinery failed, e.g. the timing lock; the parent raises)."""
@@ -197,7 +184,6 @@ class Tools:
             self.synchronize = None
             self.Event = None
         self.flush_buffer = None
-        self.block_spin_s = 0.0  # CUDA: spin this long before each timing block (``prepare_timing``)
         self.pool: dict[tuple, list] = {}  # (dtype, shape) -> free CPU buffers for retained outputs
 
     def sync(self) -> None:
@@ -295,8 +281,6 @@ class Tools:
         if self.is_cuda and l2_flush_mb > 0 and self.flush_buffer is None:
             torch = self.torch
             self.flush_buffer = torch.empty(l2_flush_mb * 2**20 // 4, dtype=torch.int32, device=self.device)
-        if self.is_cuda and warm_blocks():
-            self.block_spin_s = BLOCK_SPIN_MS / 1e3
 
     def timed(self, fn, args):
         """One call of ``fn(*args)``: ``(output, milliseconds)``.
@@ -342,11 +326,7 @@ class Tools:
         collecting = gc.isenabled()
         gc.disable()  # a collection inside a timed call would charge it to whichever model it hit
         try:
-            t0 = self.perf_counter()
-            while self.perf_counter() - t0 < self.block_spin_s:  # the core awake before the first call
-                pass
-            untimed = self.perf_counter() - t0
-            untimed += self._time_calls(model, calls, sets, make, outs, ms, sums)
+            untimed = self._time_calls(model, calls, sets, make, outs, ms, sums)
         finally:
             if collecting:
                 gc.enable()

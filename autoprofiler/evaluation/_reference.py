@@ -458,8 +458,7 @@ class Referee:
                 self.details["children_killed"] = self.details.get("children_killed", 0) + killed
             timing = None  # the first attempt's sets go before the second's are made
             timing = Timing(self, ref, get_inputs, warm, calibration, set_base=1000 * attempt)
-            distinct = self.tools.is_cuda and harness.warm_blocks()
-            with SharedCores(self.watch, self.torch.get_num_threads(), distinct) as cores:
+            with SharedCores(self.watch, self.torch.get_num_threads()) as cores:
                 timing.run()
             self.details["timing_cpus"] = cores.cpus
             self.phase("checking the timed calls")

@@ -1,8 +1,8 @@
 """What the reference process knows of the candidate's process, from outside it (``_reference.py``).
 
 ``ProcessWatch`` reads the kernel's view of the candidate's process and its descendants (``/proc``,
-process CPU clocks): nothing the candidate does in Python changes what it reports. ``SharedCores`` says
-on which CPU cores the two processes time; ``TimingLock`` is the ``timing_lock`` file lock.
+process CPU clocks): nothing the candidate does in Python changes what it reports. ``SharedCores`` puts
+both processes on the same CPU cores while timing; ``TimingLock`` is the ``timing_lock`` file lock.
 Loaded by path beside ``_harness.py`` (standard library only).
 """
 
@@ -147,17 +147,13 @@ def _state(pid: int, tid: int | None = None) -> str:
 
 
 class SharedCores:
-    """Where the two processes time. Shared (CPU): both on the same cores (the reference process's
-    current ones, as many as its intra-op threads), so neither times on a faster or less loaded core
-    than the other. Distinct (CUDA, where a call's CPU work is launching): the reference process on its
-    current core and the candidate's on another, each alone there, so neither starts its block on a
-    core whose caches the other just used. The candidate's threads are pinned from here; the reference
-    process gets its own mask back after."""
+    """Both processes on the same CPU cores while timing (the reference process's current ones, as many
+    as its intra-op threads), so neither times on a faster or less loaded core than the other; the
+    candidate's threads are pinned from here. The reference process gets its own mask back after."""
 
-    def __init__(self, watch: ProcessWatch | None, threads: int, distinct: bool = False):
+    def __init__(self, watch: ProcessWatch | None, threads: int):
         self.watch = watch
         self.threads = max(1, threads)
-        self.distinct = distinct
         self.saved = None
         self.cpus: list[int] = []
 
@@ -166,15 +162,11 @@ class SharedCores:
             allowed = sorted(os.sched_getaffinity(0))
             here = _current_cpu()
             order = ([here] if here in allowed else []) + [c for c in allowed if c != here]
+            self.cpus = order[: self.threads]
             self.saved = set(allowed)
-            if self.distinct and len(order) >= 2:
-                mine, theirs = order[:1], order[1:2]
-            else:
-                mine = theirs = order[: self.threads]
-            self.cpus = sorted(set(mine + theirs))
-            os.sched_setaffinity(0, mine)
+            os.sched_setaffinity(0, self.cpus)
             if self.watch is not None:
-                self.watch.pin(theirs)
+                self.watch.pin(self.cpus)
         except OSError:
             self.cpus = []
         return self

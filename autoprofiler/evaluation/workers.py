@@ -52,7 +52,6 @@ PASSTHROUGH_ENV = (
     "OMP_NUM_THREADS",
     "MKL_NUM_THREADS",
     "AUTOPROFILER_EVAL_SHARE_INPUTS",
-    "AUTOPROFILER_EVAL_WARM_BLOCKS",
 )
 # ... and every variable with one of these prefixes: CUDA/NCCL/driver configuration, not secrets (e.g. the
 # H200 image's NCCL_NVLS_ENABLE=0 must reach every process).
