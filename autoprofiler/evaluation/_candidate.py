@@ -99,6 +99,7 @@ class CandidateProcess:
             "warmup": self.warmup,
             "block": self.block,
             "verify": self.verify,
+            "kept_call": self.kept_call,
             "finish": self.finish,
         }
         while True:
@@ -316,24 +317,33 @@ class CandidateProcess:
         self.pending = []
 
     def verify(self, msg: dict) -> None:
+        """The calls whose outputs were kept, how many outputs each has, and each timing set's checksum;
+        the outputs themselves follow one call per request (``kept_call``), so the output channel never
+        needs to hold more than one call's."""
         tools = self.tools
         self.keep(msg["keep"])
         calls = sorted(self.kept)
-        values, counts = [], []
-        for index in calls:
-            flat = tools.flatten(self.kept[index])
-            values.extend(flat)
-            counts.append(len(flat))
-        try:
-            transport, fds = self.pack_outputs(values)
-        except BaseException as exc:
-            self.fail(harness.classify(exc, "runtime_error", "sending the timed outputs"))
+        counts = [len(tools.flatten(self.kept[index])) for index in calls]
         sets = {
             str(index): tools.checksum(inputs) for index, inputs in self.sets.items() if index in self.used
         }
         sets.update({str(index): sums for index, sums in self.retired.items()})
+        self.link.send({"op": "kept", "calls": calls, "counts": counts, "sets": sets})
+
+    def kept_call(self, msg: dict) -> None:
+        """The outputs of one kept timed call, then dropped here."""
+        call = int(msg["call"])
+        out = self.kept.pop(call, None)
+        t0 = time.perf_counter()
         try:
-            self.link.send({"op": "kept", "calls": calls, "counts": counts, **transport, "sets": sets}, fds)
+            transport, fds = self.pack_outputs(self.tools.flatten(out) if out is not None else [])
+        except BaseException as exc:
+            self.fail(harness.classify(exc, "runtime_error", "sending the timed outputs"))
+        del out
+        try:
+            self.link.send(
+                {"op": "kept_call", "call": call, **transport, "pack_s": time.perf_counter() - t0}, fds
+            )
         finally:
             harness.close_fds(list(fds))
 

@@ -210,6 +210,12 @@ class Referee:
     def add_seconds(self, key: str, seconds: float) -> None:
         self.details[key] = round(self.details.get(key, 0.0) + seconds, 4)
 
+    def add_pack_seconds(self, msg: dict) -> None:
+        """The seconds the candidate's process says it took to pack its outputs (diagnostics only)."""
+        pack_s = msg.get("pack_s")
+        if isinstance(pack_s, (int, float)) and math.isfinite(pack_s) and pack_s >= 0:
+            self.add_seconds("candidate_pack_s", float(pack_s))
+
     # -- the evaluation ------------------------------------------------------------------------------
     def run(self) -> dict:
         tools, torch, cfg = self.tools, self.torch, self.cfg
@@ -379,9 +385,7 @@ class Referee:
                 _inputs, ref_out = trials[t]
                 with self.step_seconds("candidate_trials_s"):
                     msg, fds = self.request({"op": "trial", "t": t}, "outputs")
-                pack_s = msg.get("pack_s")  # as the candidate's process reports it: diagnostics only
-                if isinstance(pack_s, (int, float)) and math.isfinite(pack_s) and pack_s >= 0:
-                    self.add_seconds("candidate_pack_s", float(pack_s))
+                self.add_pack_seconds(msg)
                 self.compare(ref_out, self.outputs(msg, fds, ref_out, f"trial {t}"), f"trial {t}")
                 self.raise_flags(msg.get("flags"))
                 if not layout.full:

@@ -212,13 +212,13 @@ class Timing:
                     f"ended ({watch.describe(alive[0])}): they compete with the reference",
                 )
         msg, fds = referee.request({"op": "verify", "keep": self.keep_last}, "kept")
+        harness.close_fds(fds)
         if not referee.details.get("ref_mutates_inputs"):  # checked first: scribbled inputs change outputs
             sets = {str(self.set_base + i): tools.checksum(inputs) for i, inputs in self.sets.items()}
             sets.update({str(self.set_base + i): sums for i, sums in self.retired.items()})
             if msg.get("sets") != sets:
-                harness.close_fds(fds)
                 raise Failure("suspicious", "the candidate modified its inputs while timed")
-        kept = self.kept_outputs(msg, fds)
+        kept = self.kept_outputs(msg)
         commitments = {
             call: sums for row in self.rows for call, sums in zip(row["calls"], row["sums"], strict=True)
         }
@@ -286,24 +286,23 @@ class Timing:
             "new_iqr_ms": new_iqr,
         }
 
-    def kept_outputs(self, msg: dict, fds: list[int]) -> dict[int, list]:
+    def kept_outputs(self, msg: dict) -> dict[int, list]:
+        """The checked calls' outputs, asked for one call at a time (each as large as one trial's)."""
         referee = self.referee
         calls, counts = msg.get("calls"), msg.get("counts")
         if calls != self.checked or not isinstance(counts, list) or len(counts) != len(calls):
-            harness.close_fds(fds)
             raise referee.protocol_error("kept outputs for other calls than asked")
-        reference = [r for call in calls for r in self.ref_kept[call]]
-        if sum(counts) != len(reference) or counts != [len(self.ref_kept[c]) for c in calls]:
-            harness.close_fds(fds)
-            raise Failure(
-                "wrong_shape",
-                f"timed calls: {counts} outputs, expected {[len(self.ref_kept[c]) for c in calls]}",
-            )
-        values = referee.outputs(msg, fds, reference, "timed calls")
-        kept, i = {}, 0
-        for call, n in zip(calls, counts, strict=True):
-            kept[call] = values[i : i + n]
-            i += n
+        expected = [len(self.ref_kept[c]) for c in calls]
+        if counts != expected:
+            raise Failure("wrong_shape", f"timed calls: {counts} outputs, expected {expected}")
+        kept = {}
+        for call in calls:
+            reply, fds = referee.request({"op": "kept_call", "call": call}, "kept_call")
+            if reply.get("call") != call:
+                harness.close_fds(fds)
+                raise referee.protocol_error("kept outputs for another call than asked")
+            referee.add_pack_seconds(reply)
+            kept[call] = referee.outputs(reply, fds, self.ref_kept[call], f"timed call {call}")
         return kept
 
     def witnessed(self, row: dict) -> float:
