@@ -3,18 +3,20 @@
 # what they unblock. Each step runs only if the call has time left for it (DEADLINE_S, default 570);
 # everything lands in $OUT/s.tgz (unpack under /tmp and copy what is kept into bench/results/).
 #   AUTOPROFILER_GIT_SHA=$(git rev-parse --short=12 HEAD) AUTOPROFILER_GIT_DIRTY=0 \
-#     DEADLINE_S=570 bash bench/h200_session_f.sh hardened tests        # evaluator: throughput, GPU tests
-#   ... DEADLINE_S=570 bash bench/h200_session_f.sh range memory rowwise record     # issue 11
+#     DEADLINE_S=570 bash bench/h200_session_f.sh before hardened tests   # carry .before (git archive e9cf6ff)
+#   ... OUT=/tmp/out SECONDS_LEFT=560 bash bench/h200_record_generated.sh    # then the recording, call after call
 # Steps:
+#   before    the single-process evaluator (e9cf6ff, carried as .before/) on the same machine: the
+#             throughput and identity the hardened evaluator is held to (~1 min; 55.3 s on 2026-12-03)
 #   hardened  bench/eval_throughput.py over the suite with --trace (the default transport: the output
 #             channel on CUDA): throughput, identity noise, and per evaluation where the time goes
 #             (candidate trials, packing, unpacking, comparing) (~2-3 min)
 #   hardened_memfd  the same with --output-transport memfd (a sealed memfd per message; 146.8 s on
 #             2026-12-03, when it was the default)
-#   tests     tests/test_evaluation_gpu.py (~4 min; 203 s on 2026-12-03)
+#   tests     tests/test_evaluation_gpu.py (~3 min; 170 s on 2026-12-03)
 #   range     the per-group range-replay tests (test_each_group_by_range_replay; ~1.5 min)
 #   rowwise   the range-replay test on rowwise_loop_normalize (1,280 kernels; over 2.5 min, not finished yet)
-#   memory    tests/test_evaluation_memory_gpu.py (~5 min)
+#   memory    tests/test_evaluation_memory_gpu.py (~2.5 min; 142 s on 2026-12-03, 6 of 6 passed)
 #   record    bench/h200_record_generated.sh with the time left (the generated tasks' recording)
 set -u; export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD RAY_USAGE_STATS_ENABLED=0
 OUT=${OUT:-/tmp/out}; H=/tmp/h; mkdir -p "$OUT" $H/r; T0=$(date +%s); D=${DEADLINE_S:-570}
@@ -26,6 +28,10 @@ for step in "$@"; do
   L=$(left); echo "== $step at $(( $(date +%s) - T0 ))s, ${L}s left"
   [ "$L" -gt 60 ] || { echo "no time left for $step"; continue; }
   case $step in
+  before)
+    (cd .before && PYTHONPATH=$PWD timeout -k 5 $(cap 120) python3 bench/eval_throughput.py --device cuda --size full \
+      --trials 100 --repeats 1 --out $H/eval_throughput_before.md) > $H/before.log 2>&1
+    echo "single-process e9cf6ff rc=$?: $(grep 'per minute' $H/before.log)" ;;
   hardened)
     timeout -k 5 $(cap 240) python3 bench/eval_throughput.py --device cuda --size full --trials 100 --repeats 1 \
       --out $H/eval_throughput_cuda_hardened.md --trace $H/eval_trace_cuda.jsonl > $H/hardened.log 2>&1

@@ -139,6 +139,7 @@ def run_task(task: dict, job: dict, base: Path) -> dict:
 
     device = job.get("device", "cuda")
     seed = int(job.get("seed", 42))
+    t0 = time.perf_counter()
     module = _load_module(base / task["path"], f"autoprofiler_task_{task['id']}")
     torch.manual_seed(seed)
     model = module.Model(*module.get_init_inputs()).to(
@@ -147,6 +148,9 @@ def run_task(task: dict, job: dict, base: Path) -> dict:
     torch.manual_seed(seed)
     inputs = _to_device(list(module.get_inputs()), device)
     out: dict = {"ok": False, "error": ""}
+    _synchronize(device)
+    t1 = time.perf_counter()
+    out["setup_s"] = round(t1 - t0, 3)  # where a profiled run's seconds go (the profiler logs them)
     with torch.no_grad():
         for _ in range(int(job.get("warmup", 3))):
             result = model(*inputs)
@@ -162,6 +166,8 @@ def run_task(task: dict, job: dict, base: Path) -> dict:
         out["param_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters()) + sum(
             b.numel() * b.element_size() for b in model.buffers()
         )
+        t2 = time.perf_counter()
+        out["calls_s"] = round(t2 - t1, 3)
         if job["mode"] == "ncu" and job.get("range_replay"):  # one range, nothing but the launches in it
             push, pop = _nvtx(device)
             push(f"ap:{task['id']}")
@@ -180,6 +186,7 @@ def run_task(task: dict, job: dict, base: Path) -> dict:
             out.update(_profile_with_torch(model, inputs, device))
         else:
             raise ValueError(f"job mode {job['mode']!r}: expected 'ncu' or 'torch'")
+    out["profiled_s"] = round(time.perf_counter() - t2, 3)
     out["ok"] = True
     return out
 
@@ -191,6 +198,7 @@ def main(argv: list[str]) -> int:
     job_path = Path(argv[0]).resolve()
     job = json.loads(job_path.read_text())
     base = job_path.parent
+    t0 = time.perf_counter()
     import torch
 
     device = job.get("device", "cuda")
@@ -199,6 +207,7 @@ def main(argv: list[str]) -> int:
         "device_name": torch.cuda.get_device_name(device) if device.startswith("cuda") else "cpu",
         "tasks": {},
     }
+    result["start_s"] = round(time.perf_counter() - t0, 3)  # importing torch, creating the context
     result_path = base / job.get("result", "result.json")
     for task in job["tasks"]:
         try:

@@ -385,7 +385,15 @@ def profile_command(
         renamed = run_command(renamed_cmd, env=env, timeout_s=timeout_s, cwd=str(workdir))
         check_ncu_output(renamed, "ncu report export (NVTX rename)")
         add_renamed_ranges(table, parse_ncu_csv(renamed.stdout))
-    return NcuRun(table, time.monotonic() - start, exported.stdout, done.stdout + done.stderr)
+    seconds = time.monotonic() - start
+    log.info(
+        "ncu: %d kernel rows in %.1f s (profiled process %.1f s, export %.1f s)",
+        len(table.rows),
+        seconds,
+        done.seconds,
+        seconds - done.seconds,
+    )
+    return NcuRun(table, seconds, exported.stdout, done.stdout + done.stderr)
 
 
 RENAMED_RANGE_COLUMN = "Push/Pop_Range (from --print-nvtx-rename kernel)"

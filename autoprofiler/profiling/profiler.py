@@ -359,6 +359,7 @@ class Profiler:
                     )
             result = self._read_result(workdir, console)
             self._capture(f"{tag}.result.json", json.dumps(result, indent=1))
+            _log_program_seconds(result, time.monotonic() - start)
             return table, result, time.monotonic() - start
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
@@ -474,3 +475,19 @@ class Profiler:
 def known_groups(source: str) -> list[str]:
     """Names of the groups of one source, in catalog order."""
     return [name for name, group in GROUPS.items() if group.source == source]
+
+
+def _log_program_seconds(result: dict, wall: float) -> None:
+    """Where one profiled run's wall time went, as the program measured it (INFO)."""
+    tasks = [t for t in result.get("tasks", {}).values() if isinstance(t, dict)]
+    parts = {k: sum(float(t.get(k) or 0.0) for t in tasks) for k in ("setup_s", "calls_s", "profiled_s")}
+    log.info(
+        "profiled run of %d task(s): %.1f s; in the program: start %.1f s, building and inputs %.1f s, "
+        "warm-up and timing calls %.1f s, profiled calls %.1f s",
+        len(tasks),
+        wall,
+        float(result.get("start_s") or 0.0),
+        parts["setup_s"],
+        parts["calls_s"],
+        parts["profiled_s"],
+    )
