@@ -353,10 +353,14 @@ def test_output_channel_round_trip_growth_and_checks():
     sender, receiver = transport.OutputChannel(tools), transport.OutputMapping(tools)
     with pytest.raises(harness.ProtocolError, match="never sent"):
         receiver.read([{"kind": "tensor", "dtype": "uint8", "shape": [1], "offset": 0, "nbytes": 1}])
+    metas, fds = sender.pack([torch.empty(0, 3)])  # nothing to carry: no channel yet, none needed
+    assert fds == () and receiver.read(metas)[0].shape == (0, 3)
     small = [torch.arange(6, dtype=torch.float32).reshape(2, 3), "x", None]
     metas, fds = sender.pack(small)
     assert len(fds) == 1 and sender.size == transport.CHANNEL_MIN_BYTES
-    receiver.open(fds[0])
+    with pytest.raises(harness.ProtocolError, match="more than its outputs need"):
+        receiver.open(os.dup(fds[0]), limit=transport.CHANNEL_MIN_BYTES - 1)
+    receiver.open(fds[0], limit=transport.CHANNEL_MIN_BYTES)
     back = receiver.read(metas)
     assert torch.equal(back[0], small[0]) and back[1:] == ["x", None]
     sender.buf[:24].fill_(0)  # the candidate writes again: what was read is a copy
@@ -366,7 +370,7 @@ def test_output_channel_round_trip_growth_and_checks():
     big = torch.ones(transport.CHANNEL_MIN_BYTES // 4 + 1)
     metas, fds = sender.pack([big])
     assert len(fds) == 1 and sender.size >= big.numel() * 4
-    receiver.open(fds[0])
+    receiver.open(fds[0], limit=2 * big.numel() * 4 + transport.CHANNEL_MIN_BYTES)
     assert torch.equal(receiver.read(metas)[0], big)
     outside = [dict(metas[0], offset=receiver.size)]
     with pytest.raises(harness.ProtocolError, match="outside the transport"):
@@ -374,7 +378,7 @@ def test_output_channel_round_trip_growth_and_checks():
     unsealed = os.memfd_create("x")
     os.ftruncate(unsealed, 4096)
     with pytest.raises(harness.ProtocolError, match="unsealed"):
-        receiver.open(unsealed)
+        receiver.open(unsealed, limit=2**40)
     sender.close()
     receiver.close()
 

@@ -191,7 +191,8 @@ class Referee:
                 if not channel:
                     return _transport.unpack_tensors(self.tools, msg["meta"], fds[0])  # closes the memfd
                 if fds:  # the channel grew: a new memfd replaces the one mapped here
-                    self.mapping.open(fds[0])
+                    need = _memory.tensor_bytes(self.tools, reference)  # its outputs' shapes are checked
+                    self.mapping.open(fds[0], limit=2 * need + _transport.CHANNEL_MIN_BYTES)
                     mapping = self.mapping
                     self.details["output_channel"] = {"bytes": mapping.size, "pinned": mapping.pinned}
                 return self.mapping.read(msg["meta"])

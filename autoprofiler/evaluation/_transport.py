@@ -284,12 +284,16 @@ class OutputMapping:
         self.size = 0
         self.pinned = False
 
-    def open(self, fd: int) -> None:
-        """Map the channel memfd ``fd`` (it replaces the one before). Closes ``fd``."""
+    def open(self, fd: int, limit: int) -> None:
+        """Map the channel memfd ``fd`` (it replaces the one before). Closes ``fd``. A channel larger
+        than ``limit`` bytes is refused before it is mapped: page-locking it would take that much host
+        memory, whatever the outputs in it."""
         try:
             size = _check_memfd(fd, CHANNEL_SEALS)
             if size <= 0:
                 raise ProtocolError("an empty output channel")
+            if size > limit:
+                raise ProtocolError(f"an output channel of {size} bytes, more than its outputs need")
             self.close()
             self.mm = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ)
         finally:
@@ -304,7 +308,7 @@ class OutputMapping:
         """The tensors and values ``metas`` describes, tensors copied onto ``tools.device`` (a
         ``ProtocolError`` for an entry outside the channel)."""
         listed = metas if isinstance(metas, list) else []
-        if self.buf is None and any(isinstance(m, dict) and m.get("kind") == "tensor" for m in listed):
+        if self.buf is None and any(isinstance(m, dict) and m.get("nbytes") for m in listed):
             raise ProtocolError("outputs in an output channel that was never sent")
         specs = check_specs(self.tools.torch, metas, self.size)
         values = read_values(self.tools, specs, self.buf)
