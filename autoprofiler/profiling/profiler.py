@@ -359,8 +359,9 @@ class Profiler:
                     )
             result = self._read_result(workdir, console)
             self._capture(f"{tag}.result.json", json.dumps(result, indent=1))
-            _log_program_seconds(result, time.monotonic() - start)
-            return table, result, time.monotonic() - start
+            seconds = time.monotonic() - start
+            _log_program_seconds(result, seconds)
+            return table, result, seconds
         finally:
             shutil.rmtree(workdir, ignore_errors=True)
 
