@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from autoprofiler.evaluation import EvalConfig, Evaluator, TaskError, identity_candidate  # noqa: E402
+from autoprofiler.evaluation.results import OUTPUT_TRANSPORTS  # noqa: E402
 from autoprofiler.tasks import load_task_folder  # noqa: E402
 
 
@@ -57,7 +58,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument(
         "--output-transport",
         default="auto",
-        choices=("auto", "channel", "memfd"),
+        choices=OUTPUT_TRANSPORTS,
         help="how the candidate's outputs reach the reference process (EvalConfig.output_transport)",
     )
     p.add_argument(
