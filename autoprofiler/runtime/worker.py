@@ -172,8 +172,9 @@ class CellWorker:
 
         s = self.spec
         options = dict(s.eval)
-        if s.concurrency > 1:
-            options.setdefault("timing_lock", _timing_lock(s.device))
+        # every worker on this host and device, whatever its own concurrency: two one-cell workers on
+        # one device would otherwise time at the same moment
+        options.setdefault("timing_lock", _timing_lock(s.device))
         config = EvalConfig(device=s.device, task_size=s.task_size, **options)
         return Evaluator(config, spares=s.concurrency)
 
