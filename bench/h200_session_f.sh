@@ -17,6 +17,8 @@
 #   range     the per-group range-replay tests (test_each_group_by_range_replay; ~1.5 min)
 #   rowwise   the range-replay test on rowwise_loop_normalize (1,280 kernels; over 2.5 min, not finished yet)
 #   memory    tests/test_evaluation_memory_gpu.py (~2.5 min; 142 s on 2026-12-03, 6 of 6 passed)
+#   ncu_conc  bench/ncu_concurrency.py: the recording's first chunk with the root group alone, then two
+#             copies at once: whether ncu processes may profile side by side on one GPU (~3 min)
 #   record    bench/h200_record_generated.sh with the time left (the generated tasks' recording)
 set -u; export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD RAY_USAGE_STATS_ENABLED=0
 OUT=${OUT:-/tmp/out}; H=/tmp/h; mkdir -p "$OUT" $H/r; T0=$(date +%s); D=${DEADLINE_S:-570}
@@ -57,6 +59,11 @@ for step in "$@"; do
     AUTOPROFILER_BENCH_OUT=$H timeout -k 10 $(cap 320) python3 -m pytest -m gpu -rA -v -p no:cacheprovider \
       tests/test_evaluation_memory_gpu.py > $H/eval_memory_gpu.log 2>&1
     echo "memory tests rc=$?: $(tail -1 $H/eval_memory_gpu.log)" ;;
+  ncu_conc)
+    timeout -k 10 $(cap 300) python3 bench/ncu_concurrency.py --tasks datasets/ops_gen/tasks.parquet \
+      --ids-from datasets/recorded/h200/profiles --group root --copies 2 --out $H/ncu_concurrency.json \
+      > $H/ncu_concurrency.log 2>&1
+    echo "ncu concurrency rc=$?"; grep "^|" $H/ncu_concurrency.log; grep "profiled run of" $H/ncu_concurrency.log | head -3 ;;
   record)
     OUT=$H SECONDS_LEFT=$(( $(left) - 20 )) bash bench/h200_record_generated.sh ;;
   *) echo "unknown step $step" ;;
