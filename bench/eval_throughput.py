@@ -62,6 +62,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="how the candidate's outputs reach the reference process (EvalConfig.output_transport)",
     )
     p.add_argument(
+        "--timing-cores", type=int, default=0, help="EvalConfig.timing_cores (0: 1 on CUDA, threads on CPU)"
+    )
+    p.add_argument(
         "--trace",
         default=None,
         help="JSONL path: per evaluation its phase times, memory plan, every timed call (EvalConfig.trace)",
@@ -90,6 +93,7 @@ def main(argv=None) -> int:
         warmup=args.warmup,
         trace=bool(args.trace),
         output_transport=args.output_transport,
+        timing_cores=args.timing_cores,
         l2_flush_mb=args.l2_flush_mb,
     )
     trace = open(args.trace, "w") if args.trace else None  # noqa: SIM115 - closed at the end
@@ -196,6 +200,8 @@ def trace_line(task_id: str, result) -> dict:
         "timing_blocks",
         "witness",
         "spread",
+        "timing_cpus",
+        "clean_ref_ms",
         "trace",
     )
     return {

@@ -11,6 +11,8 @@
 #   hardened  bench/eval_throughput.py over the suite with --trace (the default transport: the output
 #             channel on CUDA): throughput, identity noise, and per evaluation where the time goes
 #             (candidate trials, packing, unpacking, comparing) (~2-3 min)
+#   prev      the same, with the tree carried as .prev/ (git archive of the commit before a change): the
+#             same-machine baseline of a change to the evaluator (~1.5 min)
 #   hardened_memfd  the same with --output-transport memfd (a sealed memfd per message; 146.8 s on
 #             2026-12-03, when it was the default)
 #   tests     tests/test_evaluation_gpu.py (~3 min; 170 s on 2026-12-03)
@@ -38,6 +40,11 @@ for step in "$@"; do
     timeout -k 5 $(cap 240) python3 bench/eval_throughput.py --device cuda --size full --trials 100 --repeats 1 \
       --out $H/eval_throughput_cuda_hardened.md --trace $H/eval_trace_cuda.jsonl > $H/hardened.log 2>&1
     echo "hardened rc=$?: $(grep 'per minute' $H/hardened.log)" ;;
+  prev)
+    (cd .prev && PYTHONPATH=$PWD timeout -k 5 $(cap 240) python3 bench/eval_throughput.py --device cuda --size full \
+      --trials 100 --repeats 1 --out $H/eval_throughput_cuda_prev.md --trace $H/eval_trace_cuda_prev.jsonl) \
+      > $H/prev.log 2>&1
+    echo "hardened, previous tree rc=$?: $(grep 'per minute' $H/prev.log)" ;;
   hardened_memfd)
     timeout -k 5 $(cap 240) python3 bench/eval_throughput.py --device cuda --size full --trials 100 --repeats 1 \
       --output-transport memfd --out $H/eval_throughput_cuda_memfd.md --trace $H/eval_trace_cuda_memfd.jsonl \

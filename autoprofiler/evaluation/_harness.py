@@ -563,6 +563,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--memory-limit-gb", type=float, default=0.0, help="0 for none")
     parser.add_argument("--drop-privileges", action="store_true", help="candidate as root: become nobody")
+    parser.add_argument("--warm-libraries", action="store_true", help="CUDA: load cuBLAS and cuDNN first")
     parser.add_argument("--zygote-fd", type=int, help="run as fork server on this AF_UNIX socket")
     return parser
 
@@ -597,6 +598,8 @@ def worker_main(args: argparse.Namespace) -> None:
             if dev.index is not None:
                 torch.cuda.set_device(dev)
             torch.empty(1, device=dev).add_(1)
+            if args.warm_libraries:
+                warm_libraries(torch, dev)
             torch.cuda.synchronize(dev)
             if args.role == "candidate":
                 limits = cuda_data_limit(torch, dev, args.memory_limit_gb)
@@ -624,6 +627,21 @@ def worker_main(args: argparse.Namespace) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)  # skip atexit handlers and finalizers the candidate may have registered
+
+
+def warm_libraries(torch, dev) -> None:
+    """Load cuBLAS(Lt) and cuDNN and create their handles and workspaces with one tiny matrix product
+    and one convolution per floating dtype. A process's first call of each costs 0.1-0.3 s; a spare
+    worker pays it while it waits, not the evaluation that takes it (before any job, so before any
+    candidate code). The few MiB they cache are returned to the device."""
+    for dtype in (torch.float32, torch.float16, torch.bfloat16):
+        a = torch.ones(64, 64, device=dev, dtype=dtype)
+        x = torch.ones(1, 8, 16, 16, device=dev, dtype=dtype)
+        w = torch.ones(8, 8, 3, 3, device=dev, dtype=dtype)
+        a @ a
+        torch.nn.functional.conv2d(x, w, padding=1)
+    torch.cuda.synchronize(dev)
+    torch.cuda.empty_cache()
 
 
 def _forbid_inspection() -> None:

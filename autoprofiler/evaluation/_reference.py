@@ -463,7 +463,7 @@ class Referee:
                 self.details["children_killed"] = self.details.get("children_killed", 0) + killed
             timing = None  # the first attempt's sets go before the second's are made
             timing = Timing(self, ref, get_inputs, warm, calibration, set_base=1000 * attempt)
-            with SharedCores(self.watch, self.torch.get_num_threads()) as cores:
+            with SharedCores(self.watch, self.timing_cores()) as cores:
                 timing.run()
             self.details["timing_cpus"] = cores.cpus
             self.phase("checking the timed calls")
@@ -476,6 +476,13 @@ class Referee:
                     raise
                 self.details["timed_twice"] = failure.message
         raise AssertionError("unreachable")
+
+    def timing_cores(self) -> int:
+        """``EvalConfig.timing_cores``, 0 resolved: one core on CUDA, the intra-op threads' on CPU."""
+        cores = int(self.cfg.get("timing_cores") or 0)
+        if cores > 0:
+            return cores
+        return 1 if self.tools.is_cuda else self.torch.get_num_threads()
 
     def calibrate(self, ref, inputs: list) -> dict:
         """Time the reference in blocks as in the timing phase, each followed by a round trip to the

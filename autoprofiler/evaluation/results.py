@@ -73,6 +73,10 @@ class EvalConfig:
             memfd per message, sealed against every change), ``"channel"`` (one memfd both processes
             map once, page-locked on CUDA so the copies run at DMA speed; its size is sealed, its bytes
             are copied out on arrival) or ``"auto"`` (channel on CUDA, memfd on CPU). ``_transport.py``.
+        timing_cores: how many CPU cores both processes share while timing (each process pinned to the
+            same ones, the reference process's current core first): ``0`` picks one on CUDA (a
+            launch-bound model's time is its process's launch speed, which depends on the core) and as
+            many as the reference process's intra-op threads on CPU.
         trace: keep every timed call's milliseconds, block by block, in ``details["trace"]`` (for
             studying the timing's noise: ``bench/eval_throughput.py --trace``).
 
@@ -97,6 +101,7 @@ class EvalConfig:
     timing_lock: str | None = None
     memory_budget_gb: float | None = None
     output_transport: str = "auto"
+    timing_cores: int = 0
     trace: bool = False
 
     def __post_init__(self) -> None:
@@ -110,7 +115,7 @@ class EvalConfig:
         for name in ("correctness_trials", "timing_trials", "timing_input_sets"):
             if int(getattr(self, name)) < 1:
                 problems.append(f"{name} must be >= 1, got {getattr(self, name)!r}")
-        for name in ("warmup", "l2_flush_mb"):
+        for name in ("warmup", "l2_flush_mb", "timing_cores"):
             if int(getattr(self, name)) < 0:
                 problems.append(f"{name} must be >= 0, got {getattr(self, name)!r}")
         if not self.timeout_s > 0:

@@ -35,6 +35,9 @@ PACKAGE_ROOT = HARNESS_PATH.parents[2]  # the folder holding the autoprofiler pa
 # As root, the candidate process becomes this user (AUTOPROFILER_EVAL_DROP_PRIVILEGES=0 keeps root).
 UNPRIVILEGED_ID = _harness.UNPRIVILEGED_ID
 DROP_PRIVILEGES = os.environ.get("AUTOPROFILER_EVAL_DROP_PRIVILEGES", "1") != "0"
+# On CUDA a worker loads cuBLAS and cuDNN and makes their handles while it waits as a spare, so an
+# evaluation's first matmul or convolution does not pay it (AUTOPROFILER_EVAL_WARM_LIBRARIES=0: it does).
+WARM_LIBRARIES = os.environ.get("AUTOPROFILER_EVAL_WARM_LIBRARIES", "1") != "0"
 # Environment variables passed through to the worker unchanged when set (everything else is dropped).
 PASSTHROUGH_ENV = (
     "LANG",
@@ -208,6 +211,8 @@ class Worker:
         ]
         if drop:
             args.append("--drop-privileges")
+        if WARM_LIBRARIES and config.device.startswith("cuda"):
+            args.append("--warm-libraries")
         env = worker_env(config, self.tmp, role)
         try:
             if server is not None:

@@ -5,7 +5,8 @@ result back); it imports only the standard library and torch, so it runs on a GP
 polars or openai. For each task, in order:
 
 1. load the task source as a module, seed (``torch.manual_seed(seed)``), build ``Model(*get_init_inputs())``
-   on the device and the inputs from ``get_inputs()``;
+   and the inputs from ``get_inputs()``: on a CUDA device under ``torch.device`` (``build_on_device``,
+   the default there; a task whose build fails so is built on the host and moved);
 2. warm up: ``warmup`` forward calls and a synchronize (JIT compilation and autotuning stay outside);
 3. time ``timing_calls`` single forward calls, each synchronized, outside any range: the median is the
    wall time of one call (for the launch-overhead share);
@@ -15,10 +16,12 @@ polars or openai. For each task, in order:
    ``record_shapes``, ``with_flops``, ``profile_memory``) and the per-operator rows.
 
 Job (JSON): ``{"mode": "ncu"|"torch", "device": "cuda", "seed": 42, "warmup": 3, "timing_calls": 5,
+"build_on_device": true,
 "result": "result.json", "tasks": [{"id": "<hash>", "path": "tasks/<hash>.py"}]}``; relative paths are
 relative to the job file. The result (JSON, rewritten after every task so a crash keeps what was done):
 ``{"torch": "2.11.0", "device_name": "NVIDIA H200", "tasks": {id: {"ok": bool, "error": str,
-"wall_us": float, "io_bytes": int, "param_bytes": int, "ops": [...], "kernel_count": int,
+"wall_us": float, "io_bytes": int, "param_bytes": int, "built_on": "device"|"host", "ops": [...],
+"kernel_count": int,
 "memory_bytes": int, "profiled_wall_us": float}}}`` (the last four in torch mode).
 """
 
@@ -134,6 +137,27 @@ def _nvtx(device: str):
     return (lambda name: None), (lambda: None)
 
 
+def _build(module, device: str, seed: int, on_device: bool):
+    """``Model(*get_init_inputs())`` (as constructed: train mode, like the evaluator) and ``get_inputs()``
+    on ``device``, each after ``torch.manual_seed(seed)``. ``on_device``: made under ``torch.device``,
+    so parameters and random inputs are created on the GPU (seconds less per task than filling
+    gigabytes on the host and copying them; the values differ from a host build, their shapes, dtypes
+    and distributions do not, and the kernels profiled are the same)."""
+    import contextlib
+
+    import torch
+
+    where = torch.device(device) if on_device else contextlib.nullcontext()
+    torch.manual_seed(seed)
+    with where:
+        model = module.Model(*module.get_init_inputs())
+    model = model.to(device)
+    torch.manual_seed(seed)
+    with where:
+        inputs = list(module.get_inputs())
+    return model, _to_device(inputs, device)
+
+
 def run_task(task: dict, job: dict, base: Path) -> dict:
     import torch
 
@@ -141,13 +165,16 @@ def run_task(task: dict, job: dict, base: Path) -> dict:
     seed = int(job.get("seed", 42))
     t0 = time.perf_counter()
     module = _load_module(base / task["path"], f"autoprofiler_task_{task['id']}")
-    torch.manual_seed(seed)
-    model = module.Model(*module.get_init_inputs()).to(
-        device
-    )  # as constructed (train mode), like the evaluator
-    torch.manual_seed(seed)
-    inputs = _to_device(list(module.get_inputs()), device)
     out: dict = {"ok": False, "error": ""}
+    on_device = bool(job.get("build_on_device", device.startswith("cuda")))
+    try:
+        model, inputs = _build(module, device, seed, on_device)
+        out["built_on"] = "device" if on_device else "host"
+    except Exception:
+        if not on_device:
+            raise
+        model, inputs = _build(module, device, seed, False)  # a task whose build needs host tensors
+        out["built_on"] = "host"
     _synchronize(device)
     t1 = time.perf_counter()
     out["setup_s"] = round(t1 - t0, 3)  # where a profiled run's seconds go (the profiler logs them)
