@@ -57,11 +57,12 @@ class Provenance:
 
 @functools.cache
 def git_state() -> tuple[str, bool | None]:
-    """(short sha, dirty) of the checkout this package is imported from. Outside git (a copy of the
-    tree sent to a GPU machine): ``AUTOPROFILER_GIT_SHA`` and ``AUTOPROFILER_GIT_DIRTY`` (``0``/``1``)
-    as the sender set them, else ("", None)."""
+    """(short sha, dirty) of the checkout this package is imported from, or, when the sender of a copy
+    of the tree set them, ``AUTOPROFILER_GIT_SHA`` and ``AUTOPROFILER_GIT_DIRTY`` (``0``/``1``): they
+    win over any ``.git`` in the copy, which may be stale (a GPU machine's copy held an older
+    ``.git`` and stamped two recording runs with a sha two commits old). ("", None) when neither."""
     sent = _sent_git_state()
-    if sent is not None and not (_PACKAGE_DIR.parent / ".git").exists():
+    if sent is not None:
         return sent
 
     def git(*args: str) -> subprocess.CompletedProcess:

@@ -58,7 +58,13 @@ def select(rows: list[dict], count: int) -> list[dict]:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--count", type=int, default=255, help="tasks to choose (the suite adds 45: 300)")
+    p.add_argument(
+        "--count",
+        type=int,
+        default=275,
+        help="tasks to choose: 255 at first; 13 of those failed the GPU time filter, so 20 more were added "
+        "(the rule keeps the first choices as they were); with the suite's 45, at least 300 pass",
+    )
     args = p.parse_args(argv)
     import pyarrow.parquet as pq
 

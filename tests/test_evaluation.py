@@ -153,8 +153,9 @@ def _alive(pid: int) -> bool:
 
 
 def test_sandbox_environment_tempdir_and_children(evaluator, matmul, tmp_path):
-    """The candidate's worker gets a scrubbed env without PYTHONPATH, its own temp dir (removed after), no
-    autoprofiler package and only a stand-in Model; its idle child is killed before timing."""
+    """The candidate's worker gets a scrubbed env without PYTHONPATH (inductor compiling in-process), its
+    own temp dir (removed after), no autoprofiler package and only a stand-in Model; its idle child is
+    killed before timing."""
     spy_dir = tmp_path / "spy"
     spy_dir.mkdir()
     spy_dir.chmod(0o777)  # the candidate may run as another user
@@ -167,6 +168,7 @@ def test_sandbox_environment_tempdir_and_children(evaluator, matmul, tmp_path):
     assert env["TORCH_EXTENSIONS_DIR"] == os.path.join(cwd, "torch_ext")
     assert env["AUTOPROFILER_TASK_SIZE"] == "small"
     assert "PYTEST_CURRENT_TEST" not in env and "VIRTUAL_ENV" not in env and "PYTHONPATH" not in env
+    assert env["TORCHINDUCTOR_COMPILE_THREADS"] == "1"  # torch.compile starts no pool of compile workers
     assert not Path(cwd).exists(), "the worker's temp dir must be removed"
     assert not _alive(seen["child"]), "the candidate's child process must be killed"
     assert result.details["children_killed"] == 1

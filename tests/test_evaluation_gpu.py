@@ -9,7 +9,8 @@ Checks: CUDA timing of identity candidates is ~1.0 across the two processes; a `
 kernel builds (in the candidate's own ``TORCH_EXTENSIONS_DIR``) and is correct; an illegal memory access
 is ``crashed`` (or ``runtime_error``) and the next evaluation still succeeds; the side-stream hack is
 correct but not faster; every CPU fault-corpus case, the issue-13 attacks included, is classified the
-same on CUDA; the candidate's host memory limit (``RLIMIT_DATA``) holds where the driver allows it.
+same on CUDA; a torch.compile candidate is correct, not flagged; the candidate's host memory limit
+(``RLIMIT_DATA``) holds where the driver allows it.
 Imports only pytest, torch and the evaluation package (the H200 image has no ray or polars).
 """
 
@@ -124,6 +125,28 @@ def test_load_inline_kernel_is_correct(gpu_evaluator):
     _record("load_inline_relu", result)
     assert result.compiled and result.correct, result.summary()
     assert 0.3 < result.speedup < 3.0
+
+
+COMPILED = """
+
+class ModelNew(Model):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.compiled = torch.compile(super().forward)
+
+    def forward(self, *args):
+        return self.compiled(*args)
+"""
+
+
+def test_torch_compile_candidate_is_not_flagged(gpu_evaluator):
+    """A torch.compile candidate compiles in its own process (TORCHINDUCTOR_COMPILE_THREADS=1): no pool
+    of compile workers is busy in the quiet window before timing, so it is correct, not suspicious."""
+    task = load_tiny_task("matmul_cuda")
+    result = gpu_evaluator.evaluate(task, task.source + COMPILED)
+    _record("torch_compile", result)
+    assert result.correct and result.error_kind is None, result.summary()
+    assert result.details.get("children_killed", 0) == 0
 
 
 def test_illegal_memory_access_then_next_succeeds(gpu_evaluator):

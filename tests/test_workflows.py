@@ -342,9 +342,10 @@ def test_every_rule_action_on_cuda():
         assert any(r["correct"] for r in rows if r["action"] == label), f"{label} passed on no task"
 
 
-def test_git_state_outside_git_comes_from_what_the_sender_set(monkeypatch, tmp_path):
-    """A copy of the tree without .git (the GPU machine's): the sha and dirty flag the sender put in
-    AUTOPROFILER_GIT_SHA / AUTOPROFILER_GIT_DIRTY; none set: unknown. In a checkout, git wins."""
+def test_git_state_comes_from_what_the_sender_set(monkeypatch, tmp_path):
+    """A copy of the tree (the GPU machine's): the sha and dirty flag the sender put in
+    AUTOPROFILER_GIT_SHA / AUTOPROFILER_GIT_DIRTY, even in a checkout (whose .git may be stale there);
+    none set: the checkout's own, or unknown outside git."""
     from autoprofiler import provenance
 
     monkeypatch.setattr(provenance, "_PACKAGE_DIR", tmp_path / "autoprofiler")
@@ -357,9 +358,13 @@ def test_git_state_outside_git_comes_from_what_the_sender_set(monkeypatch, tmp_p
         provenance.git_state.cache_clear()
         assert provenance.git_state() == ("", None)
         monkeypatch.undo()
-        monkeypatch.setenv("AUTOPROFILER_GIT_SHA", "feedface")
+        monkeypatch.delenv("AUTOPROFILER_GIT_SHA", raising=False)
         provenance.git_state.cache_clear()
-        sha, _ = provenance.git_state()
-        assert sha and sha != "feedface"  # this checkout's own sha
+        own, _ = provenance.git_state()
+        assert len(own) == 12  # this checkout's own sha
+        monkeypatch.setenv("AUTOPROFILER_GIT_SHA", "feedface")
+        monkeypatch.setenv("AUTOPROFILER_GIT_DIRTY", "1")
+        provenance.git_state.cache_clear()
+        assert provenance.git_state() == ("feedface", True)  # the sender's word wins over the checkout
     finally:
         provenance.git_state.cache_clear()
