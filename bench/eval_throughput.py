@@ -54,6 +54,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=None, help="OMP_NUM_THREADS of the workers (CPU timing)")
     p.add_argument("--suite", default=str(ROOT / "datasets" / "suite"))
     p.add_argument("--limit", type=int, default=None, help="only the first N tasks")
+    p.add_argument("--only", default=None, help="comma-separated task names: only tasks whose id ends so")
     p.add_argument("--l2-flush-mb", type=int, default=256, help="EvalConfig.l2_flush_mb (CUDA; 0: none)")
     p.add_argument(
         "--output-transport",
@@ -86,6 +87,12 @@ def main(argv=None) -> int:
     for err in report.errors:
         print(f"skipping a task that does not load: {err}", file=sys.stderr)
     tasks = list(report)[: args.limit] if args.limit else list(report)
+    if args.only:
+        names = [n.strip() for n in args.only.split(",") if n.strip()]
+        tasks = [t for t in tasks if any(t.id == n or t.id.endswith("/" + n) for n in names)]
+        if len(tasks) != len(names):
+            print(f"error: --only {args.only}: {len(tasks)} of {len(names)} names found", file=sys.stderr)
+            return 2
     config = EvalConfig(
         device=args.device,
         task_size=size,

@@ -35,7 +35,7 @@ device: cuda
 task_size: full
 eval: {{timing_trials: 50, warmup: 5, correctness_trials: 3, timeout_s: 180.0}}
 joint: false
-chunk: 8
+chunk: 16
 range_replay_above: 64
 runtime: {{ray: false, workers: null, concurrency: 6}}
 """
