@@ -59,8 +59,8 @@ class Provenance:
 def git_state() -> tuple[str, bool | None]:
     """(short sha, dirty) of the checkout this package is imported from, or, when the sender of a copy
     of the tree set them, ``AUTOPROFILER_GIT_SHA`` and ``AUTOPROFILER_GIT_DIRTY`` (``0``/``1``): they
-    win over any ``.git`` in the copy, which may be stale (a GPU machine's copy held an older
-    ``.git`` and stamped two recording runs with a sha two commits old). ("", None) when neither."""
+    win over any ``.git`` in the copy, which may be stale (a GPU machine's copy can hold an older
+    ``.git`` beside newer files). ("", None) when neither."""
     sent = _sent_git_state()
     if sent is not None:
         return sent

@@ -519,3 +519,19 @@ def test_fork_server_is_restarted_when_killed(matmul):
         check_identity(ev, matmul)
         check_identity(ev, matmul)
         assert ev.fork_server
+
+
+def test_warm_libraries_leaves_the_process_as_it_found_it():
+    """The spare worker's warm-up (CUDA in use; its ops run on any device) changes no torch state a
+    candidate or the reference would see: grad mode, default dtype, deterministic-algorithm flag."""
+    import torch
+
+    from autoprofiler.evaluation import _harness
+
+    def state():
+        deterministic = torch.are_deterministic_algorithms_enabled()
+        return torch.is_grad_enabled(), torch.get_default_dtype(), deterministic
+
+    before = state()
+    _harness.warm_libraries(torch, torch.device("cpu"))
+    assert state() == before

@@ -631,17 +631,27 @@ def worker_main(args: argparse.Namespace) -> None:
 
 def warm_libraries(torch, dev) -> None:
     """Load cuBLAS(Lt) and cuDNN and create their handles and workspaces with one tiny matrix product
-    and one convolution per floating dtype. A process's first call of each costs 0.1-0.3 s; a spare
-    worker pays it while it waits, not the evaluation that takes it (before any job, so before any
-    candidate code). The few MiB they cache are returned to the device."""
+    and one convolution per floating dtype, and load the kernels every evaluation runs itself (the
+    comparison's casts, reductions and norms, the checksums' integer sums). A process's first call of
+    each costs 0.1-0.3 s for a library, milliseconds for a kernel module; a spare worker pays it while
+    it waits, not the evaluation that takes it (before any job, so before any candidate code). The few
+    MiB they cache are returned to the device."""
     for dtype in (torch.float32, torch.float16, torch.bfloat16):
         a = torch.ones(64, 64, device=dev, dtype=dtype)
         x = torch.ones(1, 8, 16, 16, device=dev, dtype=dtype)
         w = torch.ones(8, 8, 3, 3, device=dev, dtype=dtype)
-        a @ a
+        b = a @ a
         torch.nn.functional.conv2d(x, w, padding=1)
-    torch.cuda.synchronize(dev)
-    torch.cuda.empty_cache()
+        for wide in (torch.float32, torch.float64):
+            bw, aw = b.to(wide), a.to(wide)
+            diff = (bw - aw).abs_()
+            float(bw.sum()), float(diff.amax()), float(torch.linalg.vector_norm(diff))
+            bool(torch.isfinite(bw).all()), bool(torch.allclose(bw, aw))
+        words = b.reshape(-1).view(torch.uint8)
+        int(words.view(torch.int64).sum()), int(words[:3].sum(dtype=torch.int64))
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        torch.cuda.empty_cache()
 
 
 def _forbid_inspection() -> None:

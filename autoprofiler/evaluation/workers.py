@@ -482,7 +482,7 @@ def worker_env(config: EvalConfig, tmp: Path, role: str = "reference") -> dict[s
     else:
         # torch.compile in the candidate compiles in its own process: inductor's pool of compile
         # workers would still be importing torch (busy) in the quiet window before timing, and every
-        # compiled candidate would be flagged for its child processes (57 of 80 H200 rows so)
+        # compiled candidate would be flagged for its child processes
         env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     env.setdefault("LANG", "C.UTF-8")
     if config.device == "cpu":
