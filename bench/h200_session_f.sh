@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The H200 steps issues 11 and 13 still need on the GPU (prepared 2026-12-03, fourth session). Each step
 # runs only if the call has time left for it (DEADLINE_S, default 570); everything lands in $OUT/s.tgz
-# (unpack under /tmp and copy what is kept into bench/results/). Next session, call 1 (carry .before,
-# made by `mkdir .before && git archive e9cf6ff | tar x -C .before`; .prev likewise for a changed tree):
-#   AUTOPROFILER_GIT_SHA=$(git rev-parse --short=12 HEAD) AUTOPROFILER_GIT_DIRTY=0 \
-#     DEADLINE_S=570 bash bench/h200_session_f.sh before hardened identity_small compile ncu_build record
+# (unpack under /tmp and copy what is kept into bench/results/). Next session, call 1, carrying .before
+# (`mkdir .before && git archive e9cf6ff | tar x -C .before`) and .prev (the same with 6ab93f0: one timing
+# core with only the candidate's threads pinned, against HEAD's every thread of both and warm kernels):
+#   AUTOPROFILER_GIT_SHA=$(git rev-parse --short=12 HEAD) AUTOPROFILER_GIT_DIRTY=0 DEADLINE_S=570 \
+#     bash bench/h200_session_f.sh before prev hardened identity_small compile ncu_build record
 # then the recording, call after call (unpack $OUT/rec.tgz over the repo and commit between calls):
 #   ... OUT=$OUT SECONDS_LEFT=560 bash bench/h200_record_generated.sh
 # Steps:

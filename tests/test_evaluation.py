@@ -535,3 +535,27 @@ def test_warm_libraries_leaves_the_process_as_it_found_it():
     before = state()
     _harness.warm_libraries(torch, torch.device("cpu"))
     assert state() == before
+
+
+def test_shared_cores_pin_every_thread_of_the_process_and_give_them_back():
+    """``SharedCores`` pins all of this process's threads (a helper thread too, not only the caller) on
+    one core while timing, and restores the mask after."""
+    import threading
+
+    from autoprofiler.evaluation import _watch
+
+    allowed = os.sched_getaffinity(0)
+    started, stop = threading.Event(), threading.Event()
+    helper = threading.Thread(target=lambda: (started.set(), stop.wait(10)), daemon=True)
+    helper.start()
+    started.wait(5)
+    try:
+        with _watch.SharedCores(None, 1) as cores:
+            assert len(cores.cpus) == 1
+            assert os.sched_getaffinity(helper.native_id) == set(cores.cpus)
+            assert os.sched_getaffinity(0) == set(cores.cpus)
+        assert os.sched_getaffinity(helper.native_id) == allowed
+        assert os.sched_getaffinity(0) == allowed
+    finally:
+        stop.set()
+        helper.join(5)

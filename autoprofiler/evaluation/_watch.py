@@ -66,15 +66,7 @@ class ProcessWatch:
 
     def pin(self, cpus: list[int]) -> None:
         """Every thread of the candidate's process on ``cpus``."""
-        try:
-            tids = [int(t) for t in os.listdir(f"/proc/{self.pid}/task")]
-        except OSError:
-            return
-        for tid in tids:
-            try:
-                os.sched_setaffinity(tid, cpus)
-            except OSError:
-                pass
+        pin_threads(self.pid, cpus)
 
     def kill(self, pids: list[int]) -> None:
         for pid in pids:
@@ -146,10 +138,25 @@ def _state(pid: int, tid: int | None = None) -> str:
         return ""
 
 
+def pin_threads(pid: int, cpus) -> None:
+    """Every thread of process ``pid`` (``sched_setaffinity`` on a pid sets one thread's mask only) on
+    ``cpus``; threads that are gone or refuse are left as they are."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:
+            pass
+
+
 class SharedCores:
-    """Both processes on the same CPU cores while timing (the reference process's current ones, as many
-    as its intra-op threads), so neither times on a faster or less loaded core than the other; the
-    candidate's threads are pinned from here. The reference process gets its own mask back after."""
+    """Both processes on the same CPU cores while timing (the reference process's current ones: how many
+    is ``EvalConfig.timing_cores``), every thread of each, so neither times on a faster or less loaded
+    core than the other and the helper threads of each (CUDA's, the intra-op pool) share the cores
+    as the other's do. The reference process gets its own mask back after."""
 
     def __init__(self, watch: ProcessWatch | None, threads: int):
         self.watch = watch
@@ -164,7 +171,7 @@ class SharedCores:
             order = ([here] if here in allowed else []) + [c for c in allowed if c != here]
             self.cpus = order[: self.threads]
             self.saved = set(allowed)
-            os.sched_setaffinity(0, self.cpus)
+            pin_threads(os.getpid(), self.cpus)
             if self.watch is not None:
                 self.watch.pin(self.cpus)
         except OSError:
@@ -173,10 +180,7 @@ class SharedCores:
 
     def __exit__(self, *exc):
         if self.saved:
-            try:
-                os.sched_setaffinity(0, self.saved)
-            except OSError:
-                pass
+            pin_threads(os.getpid(), self.saved)
         return False
 
 
