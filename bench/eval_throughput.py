@@ -208,6 +208,7 @@ def trace_line(task_id: str, result) -> dict:
         "witness",
         "spread",
         "timing_cpus",
+        "timing_minor_faults",
         "clean_ref_ms",
         "trace",
     )

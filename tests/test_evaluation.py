@@ -220,6 +220,9 @@ def test_identity_result_fields(evaluator, matmul):
     assert result.ref_ms > 0 and result.new_ms > 0 and result.ref_iqr_ms >= 0
     assert 0.3 < result.speedup < 3.0
     assert result.details["timing_trials"] == 20 and result.details["correctness_trials"] == 5
+    faults = result.details["timing_minor_faults"]  # each process's page faults while timing
+    assert set(faults) == {"reference", "candidate"} and all(n >= 0 for n in faults.values())
+    assert result.details["timing_cpus"] and len(result.details["timing_cpus"]) == 1
     again = EvalResult.from_dict(json.loads(json.dumps(result.to_dict())))
     assert again == result
 

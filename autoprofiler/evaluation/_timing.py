@@ -26,6 +26,7 @@ from _autoprofiler_harness import Failure
 
 _memory = harness.role_module("memory")
 _transport = harness.role_module("transport")
+_watch = harness.role_module("watch")
 
 BLOCK_MS = 4.0  # target reference time of one timing block
 RETAIN_BYTES = 256 * 2**20  # outputs of one block each process keeps until the after-the-fact choice
@@ -106,6 +107,7 @@ class Timing:
         busy, window = 0.0, 0.0
         keep_new: list[bool] = []
         held_ref: list = []
+        faults0 = (_watch.minor_faults(os.getpid()), watch.minor_faults() if watch else 0)
         t_start = time.perf_counter()
         for k, block in enumerate(self.blocks):
             row = {"calls": [c for c, _, _ in block], "first": block[0][2]}
@@ -154,6 +156,11 @@ class Timing:
                             self.ref_kept[call] = tools.flatten(out)
             self.rows.append(row)
         self.timing_wall = time.perf_counter() - t_start
+        # page faults taken while timing, per process (a call that faults in fresh pages is slower)
+        self.minor_faults = {
+            "reference": _watch.minor_faults(os.getpid()) - faults0[0],
+            "candidate": (watch.minor_faults() - faults0[1]) if watch else None,
+        }
         self.keep_last = keep_new
         self.busy, self.window = busy, window
 
@@ -264,6 +271,7 @@ class Timing:
             clean_ref_ms=self.clean_ms,
             ref_slowdown=round(ref_med / self.clean_ms, 3) if self.clean_ms else None,
             candidate_cpu_while_ref_timed_ms=round(self.busy * 1e3, 3),
+            timing_minor_faults=self.minor_faults,
         )
         if self.cfg.get("trace"):
             referee.details["trace"] = [

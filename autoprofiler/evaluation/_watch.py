@@ -43,6 +43,10 @@ class ProcessWatch:
             except (OSError, IndexError, ValueError):
                 return 0.0
 
+    def minor_faults(self, pid: int | None = None) -> int:
+        """Minor page faults of ``pid`` so far (default: the candidate's process), from ``/proc``."""
+        return minor_faults(self.pid if pid is None else pid)
+
     def descendants(self) -> list[int]:
         """Live (not zombie) descendants of the candidate's process."""
         found, todo = [], [self.pid]
@@ -136,6 +140,15 @@ def _state(pid: int, tid: int | None = None) -> str:
             return fh.read().rsplit(")", 1)[1].split()[0]
     except (OSError, IndexError):
         return ""
+
+
+def minor_faults(pid: int) -> int:
+    """Minor page faults of process ``pid`` so far (``/proc/<pid>/stat`` field 10), 0 if unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return int(fh.read().rsplit(")", 1)[1].split()[7])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def pin_threads(pid: int, cpus) -> None:
