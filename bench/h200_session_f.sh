@@ -24,6 +24,13 @@
 #   memory    tests/test_evaluation_memory_gpu.py (~2.5 min; 142 s on 2026-12-03, 6 of 6 passed)
 #   ncu_conc  bench/ncu_concurrency.py: the recording's first chunk with the root group alone, then two
 #             copies at once: whether ncu processes may profile side by side on one GPU (~3 min)
+#   ncu_build the same chunk and group alone (--copies 0): GPU-built profiles against the recorded host-built
+#             rows of that chunk, with the allocator's cache freed before the ncu range (the default) and
+#             kept (AUTOPROFILER_PROFILE_FREE_CACHE=0): time and metrics of both (~1.5 min)
+#   identity_small  the four launch-bound tasks outside 1.00 +/- 0.03 on 2026-12-03d, 5 identity evaluations
+#             each, the candidate as nobody (the default) and as root (AUTOPROFILER_EVAL_DROP_PRIVILEGES=0)
+#             (~1 min)
+#   compile   tests/test_evaluation_gpu.py -k torch_compile: a torch.compile candidate is not flagged (~1 min)
 #   record    bench/h200_record_generated.sh with the time left (the generated tasks' recording)
 set -u; export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD RAY_USAGE_STATS_ENABLED=0
 OUT=${OUT:-/tmp/out}; H=/tmp/h; mkdir -p "$OUT" $H/r; T0=$(date +%s); D=${DEADLINE_S:-570}
@@ -74,6 +81,25 @@ for step in "$@"; do
       --ids-from datasets/recorded/h200/profiles --group root --copies 2 --out $H/ncu_concurrency.json \
       > $H/ncu_concurrency.log 2>&1
     echo "ncu concurrency rc=$?"; grep "^|" $H/ncu_concurrency.log; grep "profiled run of" $H/ncu_concurrency.log | head -3 ;;
+  ncu_build)
+    for free in 1 0; do
+      AUTOPROFILER_PROFILE_FREE_CACHE=$free timeout -k 10 $(cap 150) python3 bench/ncu_concurrency.py \
+        --tasks datasets/ops_gen/tasks.parquet --ids-from datasets/recorded/h200/profiles --group root \
+        --copies 0 --out $H/ncu_build_free$free.json > $H/ncu_build_free$free.log 2>&1
+      echo "ncu build (GPU-built; allocator cache freed before the range: $free) rc=$?"; grep "^|" $H/ncu_build_free$free.log
+    done ;;
+  identity_small)
+    for drop in 1 0; do
+      AUTOPROFILER_EVAL_DROP_PRIVILEGES=$drop timeout -k 5 $(cap 120) python3 bench/eval_throughput.py --device cuda \
+        --size full --trials 100 --repeats 5 --only tiny_elementwise_chain,embedding_gather,tiny_add,conv2d \
+        --out $H/identity_small_drop$drop.md --trace $H/identity_small_drop$drop.jsonl > $H/identity_small_drop$drop.log 2>&1
+      echo "identity, 4 launch-bound tasks x 5, candidate as nobody: $drop rc=$?: $(grep 'per minute' $H/identity_small_drop$drop.log)"
+      grep -E "^  suite/" $H/identity_small_drop$drop.log
+    done ;;
+  compile)
+    AUTOPROFILER_BENCH_OUT=$H timeout -k 10 $(cap 150) python3 -m pytest -m gpu -rA -v -p no:cacheprovider \
+      tests/test_evaluation_gpu.py -k torch_compile > $H/compile_test.log 2>&1
+    echo "torch.compile test rc=$?: $(tail -1 $H/compile_test.log)" ;;
   record)
     OUT=$H SECONDS_LEFT=$(( $(left) - 20 )) bash bench/h200_record_generated.sh ;;
   *) echo "unknown step $step" ;;

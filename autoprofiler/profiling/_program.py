@@ -10,8 +10,9 @@ polars or openai. For each task, in order:
 2. warm up: ``warmup`` forward calls and a synchronize (JIT compilation and autotuning stay outside);
 3. time ``timing_calls`` single forward calls, each synchronized, outside any range: the median is the
    wall time of one call (for the launch-overhead share);
-4. ``mode == "ncu"``: push range ``autoprofiler``, push ``ap:<task id>``, one forward, synchronize, pop,
-   pop (ncu profiles the kernels inside ``autoprofiler/``);
+4. ``mode == "ncu"``: free the caching allocator's idle blocks (``AUTOPROFILER_PROFILE_FREE_CACHE=0``:
+   keep them), push range ``autoprofiler``, push ``ap:<task id>``, one forward, synchronize, pop, pop
+   (ncu profiles the kernels inside ``autoprofiler/``);
    ``mode == "torch"``: one forward under ``torch.profiler`` (CPU, + CUDA activity on a GPU,
    ``record_shapes``, ``with_flops``, ``profile_memory``) and the per-operator rows.
 
@@ -29,11 +30,14 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import statistics
 import sys
 import time
 import traceback
 from pathlib import Path
+
+FREE_CACHE_ENV = "AUTOPROFILER_PROFILE_FREE_CACHE"  # "0": keep the allocator's cache before the ncu range
 
 
 def _load_module(path: Path, name: str):
@@ -195,6 +199,11 @@ def run_task(task: dict, job: dict, base: Path) -> dict:
         )
         t2 = time.perf_counter()
         out["calls_s"] = round(t2 - t1, 3)
+        if job["mode"] == "ncu" and device.startswith("cuda") and os.environ.get(FREE_CACHE_ENV, "1") != "0":
+            del result
+            # kernel replay saves the device memory a kernel can reach before its first pass: the
+            # caching allocator's idle blocks (the warm-up's temporaries) would only add to it
+            torch.cuda.empty_cache()
         if job["mode"] == "ncu" and job.get("range_replay"):  # one range, nothing but the launches in it
             push, pop = _nvtx(device)
             push(f"ap:{task['id']}")
