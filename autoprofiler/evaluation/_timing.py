@@ -107,7 +107,7 @@ class Timing:
         busy, window = 0.0, 0.0
         keep_new: list[bool] = []
         held_ref: list = []
-        faults0 = (_watch.minor_faults(os.getpid()), watch.minor_faults() if watch else 0)
+        faults0 = (_watch.minor_faults(os.getpid()), _watch.minor_faults(watch.pid) if watch else 0)
         t_start = time.perf_counter()
         for k, block in enumerate(self.blocks):
             row = {"calls": [c for c, _, _ in block], "first": block[0][2]}
@@ -159,7 +159,7 @@ class Timing:
         # page faults taken while timing, per process (a call that faults in fresh pages is slower)
         self.minor_faults = {
             "reference": _watch.minor_faults(os.getpid()) - faults0[0],
-            "candidate": (watch.minor_faults() - faults0[1]) if watch else None,
+            "candidate": (_watch.minor_faults(watch.pid) - faults0[1]) if watch else None,
         }
         self.keep_last = keep_new
         self.busy, self.window = busy, window

@@ -43,10 +43,6 @@ class ProcessWatch:
             except (OSError, IndexError, ValueError):
                 return 0.0
 
-    def minor_faults(self, pid: int | None = None) -> int:
-        """Minor page faults of ``pid`` so far (default: the candidate's process), from ``/proc``."""
-        return minor_faults(self.pid if pid is None else pid)
-
     def descendants(self) -> list[int]:
         """Live (not zombie) descendants of the candidate's process."""
         found, todo = [], [self.pid]

@@ -28,6 +28,7 @@ relative to the job file. The result (JSON, rewritten after every task so a cras
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -147,8 +148,6 @@ def _build(module, device: str, seed: int, on_device: bool):
     so parameters and random inputs are created on the GPU (seconds less per task than filling
     gigabytes on the host and copying them; the values differ from a host build, their shapes, dtypes
     and distributions do not, and the kernels profiled are the same)."""
-    import contextlib
-
     import torch
 
     where = torch.device(device) if on_device else contextlib.nullcontext()
