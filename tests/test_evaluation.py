@@ -128,10 +128,11 @@ except ImportError as exc:
     package = "refused: " + str(exc)
 tasks = [name for name, m in sys.modules.items() if "get_inputs" in getattr(m, "__dict__", {{}})]
 stand_in = sys.modules[tasks[0]].Model.__doc__ if tasks else None
+import torch._inductor.config
 with open({out!r}, "w") as fh:
     json.dump({{"cwd": os.getcwd(), "env": dict(os.environ), "child": child.pid, "uid": os.getuid(),
                "argv": sys.argv, "path": sys.path, "package": package, "tasks": tasks,
-               "stand_in": stand_in}}, fh)
+               "stand_in": stand_in, "compile_threads": torch._inductor.config.compile_threads}}, fh)
 
 
 class ModelNew(nn.Module):
@@ -169,6 +170,8 @@ def test_sandbox_environment_tempdir_and_children(evaluator, matmul, tmp_path):
     assert env["AUTOPROFILER_TASK_SIZE"] == "small"
     assert "PYTEST_CURRENT_TEST" not in env and "VIRTUAL_ENV" not in env and "PYTHONPATH" not in env
     assert env["TORCHINDUCTOR_COMPILE_THREADS"] == "1"  # torch.compile starts no pool of compile workers
+    # and inductor decided so: its config read the variable in the fork server, not in the candidate
+    assert seen["compile_threads"] == 1
     assert not Path(cwd).exists(), "the worker's temp dir must be removed"
     assert not _alive(seen["child"]), "the candidate's child process must be killed"
     assert result.details["children_killed"] == 1
@@ -481,6 +484,31 @@ def test_timing_inputs_shared_or_made_from_seeds(share, monkeypatch):
         assert result.details["timing_inputs"].startswith("shared" if share == "1" else "made from seeds")
         memo = ev.evaluate(task, (CORPUS_DIR / "memoize_inputs.py").read_text())
         assert memo.error_kind == "suspicious" and "memoization" in memo.error, memo.summary()
+
+
+def _blocks(first_ms: tuple[float, float], later_ms: tuple[float, float], n: int = 4) -> list[dict]:
+    """Timing blocks as the timing phase keeps them: ``(candidate, reference)`` ms of each first use
+    (alone in its block) and of each call in the other blocks."""
+    (new_first, ref_first), (new_later, ref_later) = first_ms, later_ms
+    return [{"first": True, "new": [new_first], "ref": [ref_first]} for _ in range(n)] + [
+        {"first": False, "new": [new_later] * 3, "ref": [ref_later] * 3} for _ in range(n)
+    ]
+
+
+def test_memoization_needs_slow_first_uses_and_a_gain():
+    """Slow first uses are memoization only where the later uses beat the reference's: an identity
+    candidate's first uses at 8.8 ms against 5.43 ms later (the reference 3.77 / 5.46 ms, as seen on the
+    H200) gain nothing and pass; a cache answering seen sets in 1.5 ms is flagged; so are slow first uses
+    with a gain; fast first uses pass whatever the gain (a real speedup)."""
+    memoization = role_module("timing").memoization
+    details, problem = memoization(_blocks((8.815, 3.767), (5.429, 5.462)))
+    assert problem is None and details["new_first_ms"] == 8.815
+    _, problem = memoization(_blocks((5.5, 5.4), (1.5, 5.4)))
+    assert problem and "memoization" in problem
+    _, problem = memoization(_blocks((8.8, 5.4), (5.0, 5.4)))  # 8% faster later, first uses 1.76x
+    assert problem and "memoization" in problem
+    assert memoization(_blocks((1.6, 5.4), (1.5, 5.4)))[1] is None
+    assert "skipped" in memoization(_blocks((8.8, 3.8), (1.5, 5.4), n=2))[0]
 
 
 # --- launch modes and concurrency -------------------------------------------------------------------

@@ -479,11 +479,11 @@ def worker_env(config: EvalConfig, tmp: Path, role: str = "reference") -> dict[s
     )
     if role != "candidate":
         env["PYTHONPATH"] = str(PACKAGE_ROOT)
-    else:
-        # torch.compile in the candidate compiles in its own process: inductor's pool of compile
-        # workers would still be importing torch (busy) in the quiet window before timing, and every
-        # compiled candidate would be flagged for its child processes
-        env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    # torch.compile compiles in the worker's own process: inductor's pool of compile workers would still
+    # be importing torch (busy) in the quiet window before timing, and every compiled candidate would be
+    # flagged for its child processes. Every role gets it, the fork server too: inductor's config reads
+    # it once, when the server imports torch._dynamo, and a forked candidate inherits what it read.
+    env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     env.setdefault("LANG", "C.UTF-8")
     if config.device == "cpu":
         # glibc's malloc adapts its mmap threshold and trims the heap top as a run goes, so one of two
