@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
-# The H200 steps issues 11 and 13 still need on the GPU (prepared 2026-12-03, fourth session). Each step
-# runs only if the call has time left for it (DEADLINE_S, default 570); everything lands in $OUT/s.tgz
-# (unpack under /tmp and copy what is kept into bench/results/). Next session, call 1, carrying .before
-# (`mkdir .before && git archive e9cf6ff | tar x -C .before`) and .prev (the same with 6ab93f0: one timing
-# core with only the candidate's threads pinned, against HEAD's every thread of both and warm kernels):
+# The H200 steps issues 11 and 13 still need on the GPU. Each step runs only if the call has time left for it
+# (DEADLINE_S, default 570); everything lands in $OUT/s.tgz (unpack under /tmp and copy what is kept into
+# bench/results/). The steps `before` and `prev` need the trees carried as .before (`mkdir .before && git
+# archive e9cf6ff | tar x -C .before`, the single-process evaluator) and .prev (the same with the commit
+# before a change). Next session, call 1 (the evaluator's GPU tests after 2aa09e9, then the recording):
 #   AUTOPROFILER_GIT_SHA=$(git rev-parse --short=12 HEAD) AUTOPROFILER_GIT_DIRTY=0 DEADLINE_S=570 \
-#     bash bench/h200_session_f.sh before prev hardened identity_small compile ncu_build record
+#     bash bench/h200_session_f.sh tests record
 # then the recording, call after call (unpack $OUT/rec.tgz over the repo and commit between calls):
-#   ... OUT=$OUT SECONDS_LEFT=560 bash bench/h200_record_generated.sh
+#   ... OUT=$OUT SECONDS_LEFT=560 FILTER_SECONDS=5 bash bench/h200_record_generated.sh
 # Steps:
 #   before    the single-process evaluator (e9cf6ff, carried as .before/) on the same machine: the
 #             throughput and identity the hardened evaluator is held to (~1 min; 55.3 s on 2026-12-03)
