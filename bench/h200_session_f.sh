@@ -3,9 +3,10 @@
 # (DEADLINE_S, default 570); everything lands in $OUT/s.tgz (unpack under /tmp and copy what is kept into
 # bench/results/). The steps `before` and `prev` need the trees carried as .before (`mkdir .before && git
 # archive e9cf6ff | tar x -C .before`, the single-process evaluator) and .prev (the same with the commit
-# before a change). Next session, call 1 (the evaluator's GPU tests after 2aa09e9, then the recording):
+# before a change). Next session, call 1 (the evaluator's GPU tests after 2aa09e9, the rowwise range test,
+# then the recording):
 #   AUTOPROFILER_GIT_SHA=$(git rev-parse --short=12 HEAD) AUTOPROFILER_GIT_DIRTY=0 DEADLINE_S=570 \
-#     bash bench/h200_session_f.sh tests record
+#     bash bench/h200_session_f.sh tests rowwise record
 # then the recording, call after call (unpack $OUT/rec.tgz over the repo and commit between calls):
 #   ... OUT=$OUT SECONDS_LEFT=560 FILTER_SECONDS=5 bash bench/h200_record_generated.sh
 # Steps:
