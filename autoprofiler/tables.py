@@ -6,7 +6,10 @@ batch a new part: through Ray Data (``Dataset.write_parquet``) when the process 
 cluster, so a driver writes to whatever filesystem the cluster shares, else with pyarrow (temporary
 name, then rename). Readers take the union of every part below the directory in write order (part
 names sort by time); when two parts hold the same key the first written wins, and ``dedupe`` rewrites
-the directory as one part with each key once.
+the directory as one part with each key once. A table can also read several directories (``read_from``:
+e.g. the ``rewards/`` of two recordings replayed together): their union, each directory in the order
+given, so on a key two of them hold the first directory's record wins; ``source_of(key)`` and
+``rows_per_source()`` say which directory each record came from.
 
 Every part carries its schema's name and version in the file metadata (``autoprofiler.schema``, e.g.
 ``reward/2``). Reading checks it: a part of the current version is read as is, a part of an older
@@ -34,7 +37,7 @@ import os
 import sys
 import threading
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -246,6 +249,9 @@ class ParquetTable:
         writer: ``"auto"`` (Ray Data inside a running Ray cluster, else pyarrow), ``"ray"``, ``"arrow"``.
         keep: on a key written twice, keep the ``"first"`` record (results: computed once, never
             replaced) or the ``"last"`` (a cache refreshed by re-measuring).
+        read_from: the directories read, in order (default: ``directory``); with ``directory=None`` a
+            read-only union of them (nothing is ever written to a ``read_from`` directory that is not
+            ``directory``).
 
     Rows are visible to ``get``/``in`` as soon as they are appended (buffered or not). Appends are
     thread-safe.
@@ -259,6 +265,7 @@ class ParquetTable:
         run_id: str | None = None,
         writer: str = "auto",
         keep: str = "first",
+        read_from: Sequence[str | Path] | None = None,
     ):
         names = [n for n, s in SCHEMAS.items() if s.equals(schema)]
         if not names:
@@ -271,6 +278,10 @@ class ParquetTable:
         self.name = names[0]
         self._lock = threading.RLock()
         self.directory = Path(directory) if directory is not None else None
+        if read_from is None:
+            read_from = () if self.directory is None else (self.directory,)
+        self.read_from: tuple[Path, ...] = tuple(Path(d) for d in read_from)
+        self._source: dict[str, int] = {}  # key -> index in read_from of the directory it came from
         self.schema = schema.with_metadata({SCHEMA_KEY: _schema_tag(self.name)})
         self.flush_every = max(1, int(flush_every))
         self.run_id = run_id
@@ -284,17 +295,20 @@ class ParquetTable:
         """Re-read every part on disk (pending rows stay pending)."""
         with self._lock:
             self._rows = {}
+            self._source = {}
             self.duplicates_seen = 0
-            for part in part_files(self.directory) if self.directory else []:
-                try:
-                    rows = _read_part(part, self.name, self.schema)
-                except TableSchemaError:
-                    raise
-                except Exception as exc:  # a torn part (a writer killed mid-write) must not poison the rest
-                    logger.warning("skipping unreadable part %s: %s", part, exc)
-                    continue
-                for row in rows:
-                    self._put(row)
+            for index, folder in enumerate(self.read_from):
+                for part in part_files(folder):
+                    try:
+                        rows = _read_part(part, self.name, self.schema)
+                    except TableSchemaError:
+                        raise
+                    except Exception as exc:  # a torn part (a killed writer's) must not poison the rest
+                        logger.warning("skipping unreadable part %s: %s", part, exc)
+                        continue
+                    for row in rows:
+                        if self._put(row):
+                            self._source[row["key"]] = index
             for row in self._pending:
                 self._rows.setdefault(row["key"], row)
 
@@ -335,6 +349,18 @@ class ParquetTable:
     def get(self, key: str) -> dict[str, Any] | None:
         """The record with that key, or None."""
         return self._rows.get(key)
+
+    def source_of(self, key: str) -> Path | None:
+        """The ``read_from`` directory the record of ``key`` was read from (None: appended, or absent)."""
+        index = self._source.get(key)
+        return None if index is None else self.read_from[index]
+
+    def rows_per_source(self) -> dict[Path, int]:
+        """Records held from each ``read_from`` directory (each key counted once, where it was read)."""
+        counts = dict.fromkeys(self.read_from, 0)
+        for index in self._source.values():
+            counts[self.read_from[index]] += 1
+        return counts
 
     def records(self) -> list[dict[str, Any]]:
         """Every record, each key once, in write order."""
@@ -379,6 +405,8 @@ class ParquetTable:
         The merged part is written (atomically) before the old parts are removed, and its name sorts
         first, so a crash in between leaves duplicates that readers resolve the same way.
         """
+        if self.read_from != ((self.directory,) if self.directory is not None else ()):
+            raise ValueError(f"dedupe rewrites the one directory a table reads; this reads {self.read_from}")
         self.flush()
         self.reload()
         if self.directory is None or not self._rows:
@@ -422,9 +450,10 @@ class RewardTable(ParquetTable):
         flush_every: int = 8,
         run_id: str | None = None,
         writer: str = "auto",
+        read_from: Sequence[str | Path] | None = None,
     ):
         self._typed: dict[str, Any] = {}
-        super().__init__(directory, REWARD_SCHEMA, flush_every, run_id, writer)
+        super().__init__(directory, REWARD_SCHEMA, flush_every, run_id, writer, read_from=read_from)
 
     def reload(self) -> None:
         with self._lock:
@@ -458,9 +487,10 @@ class ProfileTable(ParquetTable):
         run_id: str | None = None,
         writer: str = "auto",
         keep: str = "first",
+        read_from: Sequence[str | Path] | None = None,
     ):
         self._by_task: dict[str, list[dict[str, Any]]] = {}
-        super().__init__(directory, PROFILE_SCHEMA, flush_every, run_id, writer, keep)
+        super().__init__(directory, PROFILE_SCHEMA, flush_every, run_id, writer, keep, read_from)
 
     def reload(self) -> None:
         with self._lock:

@@ -4,13 +4,15 @@
   FILE`` and ``key=value`` overrides (dotted for nested sections) come on top; every unknown key, wrong
   type, bad value and stray ``--option`` is collected and reported at once (``ConfigError``), before any
   work starts.
-- ``resolve_path``: a relative path in a config means the current folder's, else the repository's.
+- ``resolve_path``: a relative path in a config means the current folder's, else the repository's;
+  ``tables`` and ``tasks`` take a path or a list of paths (``load_config(..., paths=...)``; the tasks
+  and recordings they name are read by ``workflow_sources``).
 - ``out_dir_problems`` / ``prepare_out_dir``: a run folder is never reused by accident. A non-empty
   ``out_dir`` is refused unless ``--resume`` (continue it) or ``--overwrite`` (replace it: only a folder a
   workflow wrote, one holding ``config.json``); so every output in it, the report included, describes
   the one run it belongs to.
-- ``select_tasks`` / ``task_problems``: the tasks a config names (a path, id filters, a cap), and what is
-  wrong with them, checked with the rest of the config.
+- ``select_tasks`` / ``task_problems`` (from ``workflow_sources``): the tasks a config names (one or
+  more sources merged by id, id filters, a cap), and what is wrong with them, checked with the rest.
 - ``environment_problem`` and ``make_runner(cfg)``: the runtime section decides where cells run: Ray
   (``GpuWorker`` actors; local Ray on a laptop, the cluster under ``ray job submit``) or this process. A
   machine that cannot run it (no CUDA, no ncu, no Ray, Ray does not start, too few GPUs) raises
@@ -39,12 +41,22 @@ from typing import Any
 
 import yaml
 
+from autoprofiler.workflow_sources import (
+    REPO,
+    checked_tasks,
+    path_spec_problem,
+    resolve_path,
+    select_tasks,
+    task_problems,
+)
+
 __all__ = [
     "EXIT_BAD_INPUT",
     "EXIT_ENVIRONMENT",
     "REPO",
     "RUNTIME_DEFAULTS",
     "ConfigError",
+    "checked_tasks",
     "EnvironmentProblem",
     "config_line",
     "CONFIG_REWRITERS",
@@ -68,8 +80,6 @@ logger = logging.getLogger(__name__)
 
 #: The ``runtime`` section every workflow config has.
 RUNTIME_DEFAULTS = {"ray": True, "workers": None, "concurrency": 1}
-#: The repository root (``datasets/``, ``trees/``, ``workflows/``).
-REPO = Path(__file__).resolve().parents[1]
 EXIT_BAD_INPUT, EXIT_ENVIRONMENT = 2, 3
 #: Command-line flags every workflow takes; anything else is ``key=value``.
 _FLAGS = {"--config": True, "--resume": False, "--overwrite": False, "-h": False, "--help": False}
@@ -106,16 +116,6 @@ def configure_logging(
         return
     for name in ("ray.data", "ray.data._internal"):
         logging.getLogger(name).setLevel(logging.ERROR)
-
-
-def resolve_path(spec: str | Path) -> Path:
-    """A path named in a config: absolute as given; relative: under the current folder when it is there,
-    else under the repository root (a script run from another folder still finds ``datasets/suite``),
-    else under the current folder (an output that does not exist yet)."""
-    path = Path(spec)
-    if path.is_absolute() or path.exists():
-        return path
-    return REPO / path if (REPO / path).exists() else path
 
 
 def _split_flags(argv: Sequence[str], schema: dict[str, Any]) -> tuple[list[str], list[str]]:
@@ -185,6 +185,7 @@ def load_config(
     nested: Sequence[str] = (),
     checks: Callable[[dict[str, Any]], list[str]] | None = None,
     description: str = "",
+    paths: Sequence[str] = (),
 ) -> dict[str, Any]:
     """File defaults, then ``--config FILE``, then ``key=value`` overrides; all checked at once.
 
@@ -195,6 +196,8 @@ def load_config(
             against the shipped section when it has any, else left to their consumer.
         checks: more checks on the resolved config (which may still hold values of a wrong type, already
             reported); returns problems (strings).
+        paths: keys that take a path or a non-empty list of paths (``tables``, ``tasks``) whatever type
+            their shipped value has.
 
     Raises:
         ConfigError: every problem, one per line.
@@ -252,7 +255,11 @@ def load_config(
         else:
             cfg[head] = value
     for key, value in cfg.items():
-        if not _type_ok(schema[key], value):
+        if key in paths:
+            problem = path_spec_problem(key, value)
+            if problem:
+                problems.append(problem)
+        elif not _type_ok(schema[key], value):
             problems.append(
                 f"{key}: expected {type(schema[key]).__name__}, got {value!r} ({type(value).__name__})"
             )
@@ -388,7 +395,7 @@ def _start_ray() -> None:
 def make_runner(
     runtime: dict[str, Any],
     spec: Any = None,
-    recording: str | Path | None = None,
+    recording: str | Path | Sequence[str | Path] | None = None,
     source: str | None = None,
     rewriter: Any = None,
 ):
@@ -396,8 +403,9 @@ def make_runner(
 
     ``runtime.ray``: start (or join, under ``ray job submit``) Ray and run ``runtime.workers`` actors:
     ``GpuWorker`` actors built from ``spec`` (one per GPU by default), or ``ReplayWorker`` actors over
-    ``recording``. Without Ray: one worker in this process. ``None`` for a replay without Ray (the
-    environment's own in-process replay worker). Calls of ``PROGRESS_FROM`` cells or more show a bar.
+    ``recording`` (a folder, or several replayed together). Without Ray: one worker in this process.
+    ``None`` for a replay without Ray (the environment's own in-process replay worker). Calls of
+    ``PROGRESS_FROM`` cells or more show a bar.
 
     Raises:
         EnvironmentProblem: the machine (or cluster) cannot run it; the message says the fix.
@@ -419,8 +427,11 @@ def make_runner(
     from autoprofiler.runtime.ray_driver import RayDriver
 
     if recording is not None:
+        from autoprofiler.runtime.worker import recording_folders
+
+        folders = [str(f) for f in recording_folders(recording)]
         return RayDriver.start_replay(
-            str(recording), source, num_workers=runtime.get("workers") or 1, progress=PROGRESS_FROM
+            folders, source, num_workers=runtime.get("workers") or 1, progress=PROGRESS_FROM
         )
     try:
         return RayDriver.start(spec, num_workers=runtime.get("workers"), progress=PROGRESS_FROM)
@@ -514,52 +525,6 @@ def probe_problems(probe: Sequence[str], source: str) -> list[str]:
     if unknown:
         return [f"probe: {unknown} are not {source} configurations (known: {', '.join(mine)})"]
     return []
-
-
-def select_tasks(
-    spec: str | Path, names: Sequence[str] = (), max_tasks: int = 0
-) -> tuple[list, Any, list[str]]:
-    """The tasks ``spec`` holds (anything ``tasks.load_tasks`` reads), filtered and capped.
-
-    ``names``: task ids or id suffixes (``relu``, ``l1/relu``, ``suite/l1/relu``), kept in the order
-    of ``spec``; empty keeps every task. ``max_tasks`` > 0 keeps the first that many after the filter.
-    Returns ``(tasks, load report, names that matched no task)``.
-
-    Raises:
-        tasks.TaskLoadError: ``spec`` does not exist or is not a task source.
-    """
-    from autoprofiler.tasks import load_tasks
-
-    report = load_tasks(spec)
-    wanted = [str(n) for n in names]
-
-    def matches(task_id: str, name: str) -> bool:
-        return task_id == name or task_id.endswith("/" + name)
-
-    tasks = [t for t in report.tasks if not wanted or any(matches(t.id, n) for n in wanted)]
-    unmatched = [n for n in wanted if not any(matches(t.id, n) for t in report.tasks)]
-    return (tasks[:max_tasks] if max_tasks else tasks), report, unmatched
-
-
-def task_problems(
-    spec: Any, names: Any, max_tasks: Any, key: str = "tasks", filter_key: str = "filter"
-) -> list[str]:
-    """One line per problem with the tasks a config names: no such path, names matching no task, none left.
-
-    Values of a wrong type (already reported by ``load_config``) are skipped.
-    """
-    from autoprofiler.tasks import TaskLoadError
-
-    if not isinstance(spec, str | Path) or not isinstance(names, list) or not isinstance(max_tasks, int):
-        return []
-    try:
-        tasks, report, unmatched = select_tasks(spec, names, max_tasks)
-    except TaskLoadError as exc:
-        return [f"{key}: {str(spec)!r} does not load: {' '.join(str(exc).split())}"]
-    problems = [f"{filter_key}: {n!r} matches no task in {spec}" for n in unmatched]
-    if not tasks and not unmatched:
-        problems.append(f"{key}: {str(spec)!r} selects 0 tasks ({len(report.errors)} failed to load)")
-    return problems
 
 
 def run_provenance() -> dict[str, Any]:

@@ -13,6 +13,13 @@ Run (embedded default: the seed tree replayed on the H200 recording's held-out t
         source=torch probe='[torch_algorithm, torch_memory, torch_latency, torch_compute]' split=all \
         filter='[relu, softmax_rows, layernorm]' out_dir=runs/eval-cpu
 
+Several recordings and task sources (a path or a list of paths each; as in ``workflows/train.py``: the
+replay reads their union, tasks are merged by id, and it judges the tasks the recordings answer in full,
+one line per recording saying how many and why the others were left out):
+
+    python workflows/evaluate.py tables='[datasets/h200_suite, datasets/recorded/h200]' \
+        tasks='[datasets/suite, datasets/ops_gen/tasks.parquet]' out_dir=runs/eval-both
+
 On a Ray cluster (docs/cluster.md):
 
     ray job submit --working-dir . -- python workflows/evaluate.py out_dir=/shared/eval ...
@@ -20,7 +27,8 @@ On a Ray cluster (docs/cluster.md):
 Outputs in ``out_dir`` (one that already holds a run is refused unless ``--overwrite``/``overwrite=true``,
 which deletes it first, or ``--resume``, which reuses its tables; exit 2, like every config problem):
 ``config.json`` (resolved config and provenance), ``evaluation.json`` (per (policy, task) rows, per-policy
-summaries, the comparison of each tree with the best static configuration and the oracle) and
+summaries, the comparison of each tree with the best static configuration and the oracle; on a replay
+the recordings and task sources used, with their counts), ``tasks_left_out.json`` (a replay's) and
 ``report/report.md`` (+ PNGs). A live run also keeps its rows in ``tables`` (default ``out_dir/tables``).
 """
 
@@ -57,9 +65,17 @@ from autoprofiler.workflow import (  # noqa: E402
     worker_problems,
     worker_spec,
 )
+from autoprofiler.workflow_sources import (  # noqa: E402
+    coverage_lines,
+    path_list,
+    path_spec_problem,
+    recording_problems,
+    replay_sources,
+)
 
 CONFIG_PATH = Path(__file__).with_name("evaluate.yaml")
 NESTED = ("rewriter_options", "llm", "eval", "runtime")  # sections that take dotted overrides
+PATHS = ("tables", "tasks")  # a path or a list of paths
 ENVIRONMENTS = ("replay", "live")
 SPLITS = ("test", "train", "all")
 SHOWN = ("environment", "tables", "tasks", "filter", "split", "source", "trees", "probe")
@@ -95,15 +111,16 @@ def check(cfg: dict) -> list[str]:
         problems.append(f"test_fraction: expected a number in (0, 1), got {fraction!r}")
     if cfg["rewriter"] not in CONFIG_REWRITERS:
         problems.append(f"rewriter: expected one of {', '.join(CONFIG_REWRITERS)}, got {cfg['rewriter']!r}")
-    problems += task_problems(
-        resolve_path(cfg["tasks"]) if isinstance(cfg["tasks"], str) else None, cfg["filter"], cfg["max_tasks"]
-    )
+    problems += task_problems(cfg["tasks"], cfg["filter"], cfg["max_tasks"])
     tables = cfg["tables"]
-    if cfg["environment"] == "replay":
-        if not isinstance(tables, str):
-            problems.append("tables: environment=replay needs tables=<a recording folder>")
-        elif not all((resolve_path(tables) / sub).is_dir() for sub in ("rewards", "profiles")):
-            problems.append(f"tables: {tables!r} is not a recording (needs rewards/ and profiles/ folders)")
+    if path_spec_problem("tables", tables):
+        pass  # reported by load_config
+    elif cfg["environment"] == "replay" and not tables:
+        problems.append("tables: environment=replay needs tables=<a recording folder, or a list of them>")
+    elif cfg["environment"] == "replay":
+        problems += recording_problems(tables)
+    elif cfg["environment"] == "live" and len(path_list(tables)) > 1:
+        problems.append("tables: environment=live writes one recording; give one folder (or null)")
     if cfg["environment"] == "live":
         problems += worker_problems(cfg)
     if isinstance(cfg["probe"], list):
@@ -147,7 +164,12 @@ def read_config(argv: list[str], claim: bool = False) -> dict:
     ``claim``: also refuse an ``out_dir`` that holds another run (unless ``overwrite``/``--resume``).
     """
     return load_config(
-        CONFIG_PATH, argv, NESTED, lambda c: check(c) + (out_dir_problems(c) if claim else []), __doc__
+        CONFIG_PATH,
+        argv,
+        NESTED,
+        lambda c: check(c) + (out_dir_problems(c) if claim else []),
+        __doc__,
+        paths=PATHS,
     )
 
 
@@ -158,9 +180,9 @@ def make_environment(cfg: dict, out: Path):
 
     rewriter = config_rewriter(cfg, out / "llm_cache")
     if cfg["environment"] == "replay":
-        tables = resolve_path(cfg["tables"])
-        runner = make_runner(cfg["runtime"], recording=tables, source=cfg["source"])
-        return ReplayEnvironment(tables, rewriter, cfg["source"], runner=runner), rewriter
+        recordings = [resolve_path(t) for t in path_list(cfg["tables"])]
+        runner = make_runner(cfg["runtime"], recording=recordings, source=cfg["source"])
+        return ReplayEnvironment(recordings, rewriter, cfg["source"], runner=runner), rewriter
     runner = make_runner(cfg["runtime"], worker_spec(cfg), rewriter=rewriter)
     table_dir = resolve_path(cfg["tables"]) if cfg["tables"] else out / "tables"
     return LiveEnvironment(
@@ -206,16 +228,20 @@ def main(argv: list[str]) -> int:
             raise EnvironmentProblem(problem)
     out = prepare_out_dir(cfg)
     print(config_line(save_config(out, cfg), cfg, SHOWN), flush=True)
-    all_tasks, report, _ = select_tasks(resolve_path(cfg["tasks"]), cfg["filter"], cfg["max_tasks"])
+    all_tasks, report, _ = select_tasks(cfg["tasks"], cfg["filter"], cfg["max_tasks"])
     trees = load_trees(cfg["trees"])
     env, rewriter = make_environment(cfg, out)
+    sources = None
     try:
-        # 1. the judged tasks: on a replay, those recorded with every group (so every policy answers)
+        # 1. the judged tasks: on a replay, those the recordings answer in full (so every policy answers)
         tasks = all_tasks
         if cfg["environment"] == "replay":
-            tasks, lacking = env.fully_recorded(all_tasks)
-            for task_id, missing in lacking.items():
-                print(f"not used: {task_id} (recorded groups lack {missing})", flush=True)
+            coverage = env.coverage(all_tasks, cfg["seeds"])
+            for line in coverage_lines(coverage, report):
+                print(f"replay: {line}", flush=True)
+            sources = replay_sources(env, coverage, report, all_tasks)
+            (out / "tasks_left_out.json").write_text(json.dumps(coverage.left_out(), indent=1) + "\n")
+            tasks = list(coverage.used)
         train, test = split_tasks(tasks, cfg["test_fraction"])
         judged = {"test": test, "train": train, "all": tasks}[cfg["split"]]
         print(
@@ -261,6 +287,7 @@ def main(argv: list[str]) -> int:
             "split": cfg["split"],
             "tasks": len(judged),
             "environment": cfg["environment"],
+            **({"sources": sources} if sources is not None else {}),
             "trees": {name: str(path) for name, path in tree_names(cfg["trees"]).items()},
             "verdict": verdict,
             "summary": summary,
@@ -271,7 +298,7 @@ def main(argv: list[str]) -> int:
         env.close()
 
     # 3. the report: the tables' sections and this evaluation's
-    tables = env.recording if cfg["environment"] == "replay" else env.table_dir
+    tables = env.recordings if cfg["environment"] == "replay" else env.table_dir
     first_path = next(iter(tree_names(cfg["trees"]).values()), None)
     path = build_report(
         tables,

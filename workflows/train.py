@@ -7,11 +7,20 @@ LLM; about 10 s on 2 CPUs):
     python workflows/train.py
     python workflows/train.py --config workflows/train.yaml key=value ...   # overrides, dotted for nesting
     python workflows/train.py --config workflows/train_cpu_live.yaml        # live on CPU: a few minutes
+    python workflows/train.py tables='[datasets/h200_suite, datasets/recorded/h200]' \
+        tasks='[datasets/suite, datasets/ops_gen/tasks.parquet]'          # several recordings, task sources
+
+``tables`` and ``tasks`` take a path or a list of paths: a replay reads the union of the recordings, the
+tasks of every source are merged by id (an id with two contents, or one content under two ids, is a
+config error). A replay learns and judges on the tasks the recordings answer in full: every profile
+group and, for a rule rewriter, every action's reward row (``ReplayEnvironment.coverage``); it prints one
+line per recording saying how many were used and why the others were left out (``tasks_left_out.json``
+lists them), and ``evaluation.json`` records the recordings and task sources with their counts.
 
 Outputs in ``out_dir``: ``config.json`` (the resolved config), ``tree.json`` (the learned tree),
 ``proposals.jsonl`` (every proposal: statistics, accepted or why not), ``state.json`` (checkpoint),
 ``evaluation.json`` (held-out policy comparison) and ``policy_rows.parquet`` (its rows),
-``oracle.json``, ``refinement.json`` (when asked),
+``oracle.json``, ``refinement.json`` (when asked), ``tasks_left_out.json`` (a replay's: why each),
 ``report/report.md`` (+ PNGs, about this run's tasks only). Live runs also write their recording to
 ``tables`` (``out_dir/tables``). An ``out_dir`` that already holds a run is refused: ``--resume``
 continues it from its checkpoint, ``--overwrite`` deletes it first.
@@ -49,14 +58,23 @@ from autoprofiler.workflow import (  # noqa: E402
     run_main,
     save_config,
     select_tasks,
-    task_problems,
     worker_problems,
     worker_spec,
+)
+from autoprofiler.workflow_sources import (  # noqa: E402
+    checked_tasks,
+    coverage_lines,
+    is_recording,
+    path_list,
+    path_spec_problem,
+    recording_problems,
+    replay_sources,
 )
 
 CONFIG_PATH = Path(__file__).with_name("train.yaml")
 ENVIRONMENTS = ("live", "replay", "auto")
 NESTED = ("rewriter_options", "llm", "eval", "learn", "lone_budget", "runtime")  # dotted overrides
+PATHS = ("tables", "tasks")  # a path or a list of paths
 SHOWN = ("environment", "tasks", "task_filter", "max_tasks", "source", "device", "tree", "rewriter")
 
 
@@ -73,20 +91,15 @@ def check(cfg: dict) -> list[str]:
     fraction = cfg["test_fraction"]
     if isinstance(fraction, int | float) and not 0 < fraction < 1:
         problems.append(f"test_fraction: expected a number in (0, 1), got {fraction!r}")
-    tasks = resolve_path(cfg["tasks"]) if isinstance(cfg["tasks"], str) else None
-    problems += task_problems(tasks, cfg["task_filter"], cfg["max_tasks"], filter_key="task_filter")
-    if not problems and tasks is not None:
-        chosen, _, _ = select_tasks(tasks, cfg["task_filter"], cfg["max_tasks"])
-        if len(chosen) < 2:
-            problems.append(
-                f"tasks: {len(chosen)} selected; training needs at least 2 (one to learn on, one held out)"
-            )
-    tables = cfg["tables"]
-    if cfg["environment"] == "replay" and not tables:
-        problems.append("tables: environment=replay needs tables=<a recording folder>")
-    elif isinstance(tables, str) and cfg["environment"] == "replay":
-        if not all((resolve_path(tables) / sub).is_dir() for sub in ("rewards", "profiles")):
-            problems.append(f"tables: {tables!r} is not a recording (needs rewards/ and profiles/ folders)")
+    chosen, task_lines = checked_tasks(
+        cfg["tasks"], cfg["task_filter"], cfg["max_tasks"], filter_key="task_filter"
+    )
+    problems += task_lines
+    if not problems and chosen is not None and len(chosen) < 2:
+        problems.append(
+            f"tasks: {len(chosen)} selected; training needs at least 2 (one to learn on, one held out)"
+        )
+    problems += _tables_problems(cfg)
     if cfg["environment"] == "live":
         problems += worker_problems(cfg)
     if isinstance(cfg["probe"], list) and isinstance(cfg["source"], str):
@@ -101,6 +114,20 @@ def check(cfg: dict) -> list[str]:
         except (TypeError, ValueError) as exc:
             problems.append(f"learn: {' '.join(str(exc).split())}")
     return problems
+
+
+def _tables_problems(cfg: dict) -> list[str]:
+    """A replay needs every ``tables`` folder to be a recording; a live run writes one (or null)."""
+    tables, environment = cfg["tables"], cfg["environment"]
+    if path_spec_problem("tables", tables):
+        return []  # reported by load_config
+    if environment == "replay" and not tables:
+        return ["tables: environment=replay needs tables=<a recording folder, or a list of them>"]
+    if environment == "replay" or (environment == "auto" and len(path_list(tables)) > 1):
+        return recording_problems(tables)
+    if environment == "live" and len(path_list(tables)) > 1:
+        return ["tables: environment=live writes one recording; give one folder (or null: out_dir/tables)"]
+    return []
 
 
 def _tree_problems(cfg: dict) -> list[str]:
@@ -123,18 +150,21 @@ def read_config(argv: list[str], claim: bool = False) -> dict:
     ``claim``: also refuse an ``out_dir`` that holds another run (unless ``--resume`` or ``--overwrite``).
     """
     return load_config(
-        CONFIG_PATH, argv, NESTED, lambda c: check(c) + (out_dir_problems(c) if claim else []), __doc__
+        CONFIG_PATH,
+        argv,
+        NESTED,
+        lambda c: check(c) + (out_dir_problems(c) if claim else []),
+        __doc__,
+        paths=PATHS,
     )
 
 
 # --- setup --------------------------------------------------------------------------------------------
 def environment_kind(cfg: dict) -> str:
-    """``live`` or ``replay`` (``auto``: replay when ``tables`` holds a recording)."""
+    """``live`` or ``replay`` (``auto``: replay when every ``tables`` folder holds a recording)."""
     if cfg["environment"] != "auto":
         return cfg["environment"]
-    tables = resolve_path(cfg["tables"]) if cfg["tables"] else None
-    recorded = tables is not None and (tables / "rewards").is_dir() and (tables / "profiles").is_dir()
-    return "replay" if recorded else "live"
+    return "replay" if is_recording(cfg["tables"]) else "live"
 
 
 def make_environment(cfg: dict, kind: str, out: Path):
@@ -142,10 +172,11 @@ def make_environment(cfg: dict, kind: str, out: Path):
     from autoprofiler.environments import LiveEnvironment, ReplayEnvironment
 
     rewriter = config_rewriter(cfg, out / "llm_cache")
-    tables = resolve_path(cfg["tables"]) if cfg["tables"] else None
     if kind == "replay":
-        runner = make_runner(cfg["runtime"], recording=tables, source=cfg["source"])
-        return ReplayEnvironment(tables, rewriter, cfg["source"], runner=runner), rewriter
+        recordings = [resolve_path(t) for t in path_list(cfg["tables"])]
+        runner = make_runner(cfg["runtime"], recording=recordings, source=cfg["source"])
+        return ReplayEnvironment(recordings, rewriter, cfg["source"], runner=runner), rewriter
+    tables = resolve_path(cfg["tables"]) if cfg["tables"] else None  # one folder (checked)
     runner = make_runner(cfg["runtime"], worker_spec(cfg), rewriter=rewriter)
     env = LiveEnvironment(
         rewriter=rewriter, table_dir=tables or out / "tables", runner=runner, source=cfg["source"]
@@ -224,13 +255,17 @@ def main(argv: list[str]) -> int:
     print(config_line(save_config(out, cfg), {**cfg, "environment": kind}, SHOWN), flush=True)
 
     # 1. tasks, split fixed by task-id hash
-    tasks, report, _ = select_tasks(resolve_path(cfg["tasks"]), cfg["task_filter"], cfg["max_tasks"])
+    tasks, report, _ = select_tasks(cfg["tasks"], cfg["task_filter"], cfg["max_tasks"])
     env, rewriter = make_environment(cfg, kind, out)
+    sources = None
     try:
-        if kind == "replay":  # judge every policy on the same tasks: those recorded with every group
-            tasks, lacking = env.fully_recorded(tasks)
-            for task_id, missing in lacking.items():
-                print(f"not used: {task_id} (recorded groups lack {missing})", flush=True)
+        if kind == "replay":  # learn and judge on the tasks the recordings answer in full
+            coverage = env.coverage(tasks)
+            for line in coverage_lines(coverage, report):
+                print(f"replay: {line}", flush=True)
+            sources = replay_sources(env, coverage, report, tasks)
+            (out / "tasks_left_out.json").write_text(json.dumps(coverage.left_out(), indent=1) + "\n")
+            tasks = list(coverage.used)
         train, test = split_tasks(tasks, cfg["test_fraction"])
         if not test and len(train) > 1:
             test = [train.pop()]
@@ -315,6 +350,7 @@ def main(argv: list[str]) -> int:
                     "tasks": len(test),
                     "train_tasks": len(train),
                     "environment": kind,
+                    **({"sources": sources} if sources is not None else {}),
                     "best_static_on_train": best_static,
                     "verdict": verdict,
                     "summary": summary,
@@ -342,7 +378,7 @@ def main(argv: list[str]) -> int:
         env.close()
 
     # 4. report from the tables, restricted to this run's tasks (+ this run's outputs)
-    tables = env.recording if kind == "replay" else env.table_dir
+    tables = env.recordings if kind == "replay" else env.table_dir
     path = build_report(
         tables, out / "report", run_dir=out, title=f"training run {out.name}", tasks=[t.hash for t in tasks]
     )

@@ -5,8 +5,10 @@ One class serves replay, live CPU and live GPU; only the runner differs:
 - live: a ``LocalDriver`` over a ``CellWorker`` in this process, or a ``RayDriver`` over one
   ``GpuWorker`` actor per GPU; what the workers measure is stored under ``table_dir`` (``rewards/``,
   ``profiles/``, ``candidates/`` Parquet tables, partitioned by run);
-- replay: a driver over a ``ReplayWorker`` answering from a recording; rows derived during the replay
-  stay in memory unless a folder is given.
+- replay: a driver over a ``ReplayWorker`` answering from a recording, or from the union of several
+  (``ReplayEnvironment(["datasets/h200_suite", "datasets/recorded/h200"], ...)``); rows derived during
+  the replay stay in memory unless a folder is given. ``coverage(tasks)`` says which tasks the
+  recordings answer in full (``environments.coverage``).
 
 ``outcomes(cells)`` looks each cell up in the reward table by key and sends only the missing ones to
 the runner, all at once (that is what the fan-out parallelizes), so nothing is computed twice and a
@@ -33,12 +35,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from autoprofiler.cells import Cell, CellFailure, RewardRow, WorkItem
+from autoprofiler.environments.coverage import Coverage, task_coverage
 from autoprofiler.environments.profiles import MissingProfile, RecordedProfiler
 from autoprofiler.profiling.cache import CacheEnvironment, profile_record
 from autoprofiler.provenance import Provenance
 from autoprofiler.rewriters.base import ActionRewriter, Rewriter
 from autoprofiler.runtime.driver import LocalDriver, Runner
-from autoprofiler.runtime.worker import CellWorker, ReplayWorker
+from autoprofiler.runtime.worker import CellWorker, ReplayWorker, recording_folders
 from autoprofiler.tables import CANDIDATE_SCHEMA, ParquetTable, ProfileTable, RewardTable
 
 if TYPE_CHECKING:
@@ -431,14 +434,17 @@ class LiveEnvironment(Environment):
 
 
 class ReplayEnvironment(Environment):
-    """Answers profiles and outcomes from a recording (``profiles/``, ``rewards/``, ``candidates/``).
+    """Answers profiles and outcomes from a recording (``profiles/``, ``rewards/``, ``candidates/``), or
+    from the union of several recordings replayed together.
 
     A rule rewriter's configuration rows are derived from the recorded profiles and action rows, so
-    every configuration is answerable; for any other rewriter only recorded cells are. What the
-    recording cannot answer raises ``MissingOutcome`` or ``MissingProfile`` naming the cell.
+    every configuration of a task ``coverage`` uses is answerable; for any other rewriter only recorded
+    cells are. What the recording cannot answer raises ``MissingOutcome`` or ``MissingProfile`` naming
+    the cell. Several recordings: each table is the union of theirs, in the order given, so a key (a
+    cell, a (task, group, profiling environment)) two of them hold is answered from the first.
 
     Args:
-        recording: the recording's folder.
+        recording: the recording's folder, or a sequence of folders.
         rewriter: the default rewriter.
         source: which profile source to answer from ("ncu" or "torch"); None takes any.
         runner: default: a ``LocalDriver`` over a ``ReplayWorker`` (``RayDriver.start_replay`` for many).
@@ -447,27 +453,33 @@ class ReplayEnvironment(Environment):
 
     def __init__(
         self,
-        recording: str | Path,
+        recording: str | Path | Sequence[str | Path],
         rewriter: Rewriter | None = None,
         source: str | None = None,
         runner: Runner | None = None,
         out_dir: str | Path | None = None,
     ):
-        self.recording = Path(recording)
-        for sub in ("profiles", "rewards"):
-            if not (self.recording / sub).is_dir():
-                raise FileNotFoundError(
-                    f"expected a recording with {sub}/ under {self.recording}; it is not there"
-                )
-        profiles = ProfileTable(self.recording / "profiles")
+        self.recordings = recording_folders(recording)
+        if not self.recordings:
+            raise ValueError("a replay needs at least one recording folder")
+        for folder in self.recordings:
+            for sub in ("profiles", "rewards"):
+                if not (folder / sub).is_dir():
+                    raise FileNotFoundError(
+                        f"expected a recording with {sub}/ under {folder}; it is not there"
+                    )
+        profiles = ProfileTable(None, read_from=[r / "profiles" for r in self.recordings])
+        #: the recordings' reward rows (the replay's answers; ``rewards`` holds the rows derived from them)
+        self.recorded = RewardTable(None, read_from=[r / "rewards" for r in self.recordings])
         if runner is None:
-            runner = LocalDriver(ReplayWorker(self.recording, source, profiles=profiles), batch_size=256)
+            worker = ReplayWorker(self.recordings, source, profiles=profiles, rewards=self.recorded)
+            runner = LocalDriver(worker, batch_size=256)
         super().__init__(
             runner,
             rewriter,
             RewardTable(Path(out_dir) / "rewards" if out_dir else None),
             profiles,
-            ParquetTable(self.recording / "candidates", CANDIDATE_SCHEMA),
+            ParquetTable(None, CANDIDATE_SCHEMA, read_from=[r / "candidates" for r in self.recordings]),
             source=source,
         )
 
@@ -477,3 +489,27 @@ class ReplayEnvironment(Environment):
     ) -> ReplayEnvironment:
         """A replay of a folder that ``LiveEnvironment`` (or ``record``) wrote."""
         return cls(recording, rewriter, source)
+
+    def coverage(self, tasks: Sequence[Task], seeds: Sequence[int] = (0,)) -> Coverage:
+        """Which ``tasks`` the recordings answer in full: every group any recorded task holds and, for a
+        rule rewriter (the default one), every action's reward row for each of ``seeds``; the others,
+        with why, and the recording each task comes from (``environments.coverage``)."""
+        rule = self._rules.get(self.rewriter.identity) if self.rewriter is not None else None
+        return task_coverage(tasks, self.recordings, self.profiler, self.profiles, self.recorded, rule, seeds)
+
+    def fully_recorded(
+        self, tasks: Sequence[Task], seeds: Sequence[int] = (0,)
+    ) -> tuple[list[Task], dict[str, list[str]]]:
+        """``coverage``'s used tasks, and by task id why each other task with a recorded profile is left
+        out: the groups it lacks, then ``action <name>`` for each action without a row. A task with no
+        profile row at all is in neither (``recorded_tasks``)."""
+        cov = self.coverage(tasks, seeds)
+        recorded = self.recorded_tasks()
+        profiled = {t.id for t in tasks if t.hash in recorded}
+        return list(cov.used), {i: why for i, why in cov.reasons().items() if i in profiled}
+
+    def rows_per_recording(self) -> dict[Path, dict[str, int]]:
+        """Recording -> the profile and reward rows read from it (a key two hold counted at the first)."""
+        profiles = {p.parent: n for p, n in self.profiles.rows_per_source().items()}
+        rewards = {p.parent: n for p, n in self.recorded.rows_per_source().items()}
+        return {rec: {"profile_rows": profiles[rec], "reward_rows": rewards[rec]} for rec in self.recordings}

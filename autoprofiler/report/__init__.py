@@ -1,18 +1,19 @@
 """A Markdown report with PNG plots, from reward tables (and, when given, a training run's outputs).
 
-    python -m autoprofiler.report TABLE_DIR --out runs/x [--run RUN_DIR] [--tree TREE.json] [--overwrite]
+    python -m autoprofiler.report TABLE_DIR [TABLE_DIR ...] --out runs/x [--run RUN] [--tree TREE.json]
 
 ``TABLE_DIR`` is a recording (``rewards/`` and ``profiles/`` Parquet tables, as ``LiveEnvironment``
-writes them), read as polars frames (``analysis.reward_frame``: schema checked); every table in the
-report is a polars aggregation of those frames or of the run's rows, and every sentence states numbers
-computed from them. From the reward table alone the report shows: what was recorded; each rule
-action's outcomes and the best action per task (per task the best of the actions recorded for it; a
-missing action is not counted, and each action is compared with it on that action's own tasks); the
-oracle sweep over the fixed configurations recorded (per-configuration geomean, wins, best static,
-per-task oracle, bootstrap CI of the oracle's relative gain: the paper's Figure 2 / Table 6); rounds > 0.
-With ``--run`` (a ``workflows/train.py`` output folder) it adds the held-out policy comparison (from
-``evaluation.json``'s rows), the learned tree (text, Mermaid and a PNG drawing), the learning log
-(``proposals.jsonl``) and the refinement curve (``refinement.json``).
+writes them; several are read as one, as a replay of them together does), read as polars frames
+(``analysis.reward_frame``: schema checked); every table in the report is a polars aggregation of those
+frames or of the run's rows, and every sentence states numbers computed from them. From the reward table
+alone the report shows: what was recorded; each rule action's outcomes and the best action per task (per
+task the best of the actions recorded for it; a missing action is not counted, and each action is
+compared with it on that action's own tasks); the oracle sweep over the fixed configurations recorded
+(per-configuration geomean, wins, best static, per-task oracle, bootstrap CI of the oracle's relative
+gain: the paper's Figure 2 / Table 6); rounds > 0. With ``--run`` (a ``workflows/train.py`` output
+folder) it adds the held-out policy comparison (from ``evaluation.json``'s rows), the learned tree
+(text, Mermaid and a PNG drawing), the learning log (``proposals.jsonl``) and the refinement curve
+(``refinement.json``).
 
 Bar charts carry their values; a chart with nothing to show (no configuration ever strictly best) is
 not drawn, and the report says why. ``main`` refuses an ``--out`` that holds a report or that git tracks
@@ -71,7 +72,7 @@ logger = logging.getLogger(__name__)
 
 
 def build_report(
-    table_dir: str | Path,
+    table_dir: str | Path | Sequence[str | Path],
     out: str | Path,
     run_dir: str | Path | None = None,
     tree_path: str | Path | None = None,
@@ -84,7 +85,9 @@ def build_report(
     no chart of an earlier report stays beside the new one.
 
     Args:
-        table_dir: a recording folder with ``rewards/`` (and ``profiles/``).
+        table_dir: a recording folder with ``rewards/`` (and ``profiles/``), or several (a replay of
+            them together): their tables are read as one, a key two of them hold from the first listed,
+            and the report's first line names each with the rows read from it.
         out: the output folder (created).
         run_dir: a ``workflows/train.py`` output folder to add (evaluation, learning log, refinement).
         tree_path: a tree JSON to show; default: the run's ``tree.json`` when there is one.
@@ -92,20 +95,20 @@ def build_report(
         tasks: task hashes to report on (a run's tasks, when its tables hold others too); None: all.
 
     Raises:
-        FileNotFoundError: ``table_dir`` has no ``rewards/`` table.
+        FileNotFoundError: a ``table_dir`` has no ``rewards/`` table.
         tables.TableSchemaError: a table part of another table or a newer schema.
     """
-    table_dir, out = Path(table_dir), Path(out)
-    rewards_dir = table_dir / "rewards"
-    if not rewards_dir.is_dir():
-        raise FileNotFoundError(
-            f"expected a reward table at {rewards_dir} (a recording folder); it is not there"
-        )
+    folders = [Path(table_dir)] if isinstance(table_dir, str | Path) else [Path(d) for d in table_dir]
+    out = Path(out)
+    for folder in folders:
+        if not (folder / "rewards").is_dir():
+            raise FileNotFoundError(
+                f"expected a reward table at {folder / 'rewards'} (a recording folder); it is not there"
+            )
     _remove_previous(out)
     out.mkdir(parents=True, exist_ok=True)
-    rewards = reward_frame(rewards_dir)
-    profiles = profile_frame(table_dir / "profiles") if (table_dir / "profiles").is_dir() else None
-    where = f"Tables: `{table_dir}`"
+    rewards, profiles, where = _read_tables(folders)
+    rewards_dir = ", ".join(str(f / "rewards") for f in folders)
     if tasks is not None:
         wanted = sorted(set(tasks))
         rewards = rewards.filter(pl.col("task_hash").is_in(wanted))
@@ -143,6 +146,27 @@ def build_report(
     path.write_text("\n".join(md))
     logger.info("wrote %s", path)
     return path
+
+
+def _read_tables(folders: Sequence[Path]) -> tuple[pl.DataFrame, pl.DataFrame | None, str]:
+    """(rewards, profiles or None, the report's "Tables: ..." sentence) of one or more recordings: each
+    table the union of theirs, a key two of them hold kept from the first listed (as a replay does)."""
+    reward_parts = [reward_frame(f / "rewards") for f in folders]
+    profile_parts = [profile_frame(f / "profiles") if (f / "profiles").is_dir() else None for f in folders]
+    rewards = pl.concat(reward_parts).unique("key", keep="first", maintain_order=True)
+    held = [p for p in profile_parts if p is not None]
+    profiles = pl.concat(held).unique("key", keep="first", maintain_order=True) if held else None
+    if len(folders) == 1:
+        return rewards, profiles, f"Tables: `{folders[0]}`"
+    named = [
+        f"`{f}` ({_n(r.height, 'reward row')}, {_n(0 if p is None else p.height, 'profile row')})"
+        for f, r, p in zip(folders, reward_parts, profile_parts, strict=True)
+    ]
+    shared = sum(r.height for r in reward_parts) - rewards.height
+    where = f"Tables: {len(folders)} recordings read as one, {', '.join(named)}"
+    if shared:
+        where += f" ({_n(shared, 'reward key')} in more than one, taken from the first listed)"
+    return rewards, profiles, where
 
 
 def _remove_previous(out: Path) -> None:
@@ -194,7 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m autoprofiler.report", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("table_dir", help="a recording folder with rewards/ (and profiles/)")
+    parser.add_argument(
+        "table_dir", nargs="+", help="a recording folder with rewards/ (and profiles/); several: read as one"
+    )
     parser.add_argument(
         "--out", required=True, help="output folder for report.md and PNGs (e.g. runs/report)"
     )

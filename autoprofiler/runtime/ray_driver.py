@@ -132,9 +132,14 @@ class RayDriver:
 
     @classmethod
     def start_replay(
-        cls, recording: str, source: str | None = None, num_workers: int = 1, **driver_options: Any
+        cls,
+        recording: str | Sequence[str],
+        source: str | None = None,
+        num_workers: int = 1,
+        **driver_options: Any,
     ) -> RayDriver:
-        """``num_workers`` ``ReplayWorker`` actors answering from a recording (no GPU, no CPU held)."""
+        """``num_workers`` ``ReplayWorker`` actors answering from a recording, or from the union of several
+        (no GPU, no CPU held)."""
         import ray
 
         actor = ray.remote(ReplayWorker).options(num_cpus=0, max_restarts=-1, max_task_retries=0)

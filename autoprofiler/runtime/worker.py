@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from autoprofiler.tasks import Task
     from autoprofiler.tree import ProfilingTree
 
-__all__ = ["CellWorker", "ReplayWorker", "TaskProfiler", "WorkerSpec", "rewriter_for"]
+__all__ = ["CellWorker", "ReplayWorker", "TaskProfiler", "WorkerSpec", "recording_folders", "rewriter_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -297,11 +297,24 @@ class _PerCallConfig:
         return self.evaluator.evaluate(task, candidate_source, self.config)
 
 
+def recording_folders(recording: str | Path | Sequence[str | Path]) -> tuple[Path, ...]:
+    """The folders of one recording (a path) or of several replayed together (a sequence), in order.
+
+    >>> recording_folders("datasets/h200_suite")
+    (PosixPath('datasets/h200_suite'),)
+    """
+    if isinstance(recording, str | Path):
+        return (Path(recording),)
+    return tuple(Path(r) for r in recording)
+
+
 class ReplayWorker:
     """Answers ``run_cells`` and ``profile`` from a recording (its reward and profile tables).
 
     A cell is answered by its key; one the recording does not hold is a ``CellFailure`` of kind
-    ``missing`` naming the cell. Profiles are the recorded ones, at their recorded cost.
+    ``missing`` naming the cell. Profiles are the recorded ones, at their recorded cost. Given several
+    recordings it answers from their union (``tables.ParquetTable``'s ``read_from``: on a key two of
+    them hold, the first listed wins).
 
     The profile table is read on the first ``profile`` call, not before: a replay environment answers
     profiles from its own copy, so a replay actor that only answers cells never holds the recording's
@@ -309,15 +322,23 @@ class ReplayWorker:
     """
 
     def __init__(
-        self, recording: str | Path, source: str | None = None, profiles: Any = None, rewards: Any = None
+        self,
+        recording: str | Path | Sequence[str | Path],
+        source: str | None = None,
+        profiles: Any = None,
+        rewards: Any = None,
     ):
         from autoprofiler.tables import RewardTable
 
-        self.recording = Path(recording)
-        self.rewards = rewards if rewards is not None else RewardTable(self.recording / "rewards")
+        self.recordings = recording_folders(recording)
+        self.rewards = (
+            rewards
+            if rewards is not None
+            else RewardTable(None, read_from=[r / "rewards" for r in self.recordings])
+        )
         self._profiles = profiles
         self.source = source
-        self.provenance = detect(worker=f"replay:{self.recording}")
+        self.provenance = detect(worker="replay:" + ",".join(map(str, self.recordings)))
 
     @property
     def profiles(self) -> Any:
@@ -325,7 +346,7 @@ class ReplayWorker:
         if self._profiles is None:
             from autoprofiler.tables import ProfileTable
 
-            self._profiles = ProfileTable(self.recording / "profiles")
+            self._profiles = ProfileTable(None, read_from=[r / "profiles" for r in self.recordings])
         return self._profiles
 
     def run_cells(self, items: Sequence[WorkItem]) -> list[RewardRow | CellFailure]:
@@ -362,7 +383,11 @@ class ReplayWorker:
         return out
 
     def info(self) -> dict[str, Any]:
-        return {"pid": os.getpid(), "recording": str(self.recording), "provenance": self.provenance}
+        return {
+            "pid": os.getpid(),
+            "recordings": list(map(str, self.recordings)),
+            "provenance": self.provenance,
+        }
 
     def close(self) -> None:
         pass
