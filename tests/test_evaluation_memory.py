@@ -152,6 +152,31 @@ def test_chunked_comparison_gives_the_same_verdicts(monkeypatch):
     assert chunked == whole
 
 
+def test_not_close_names_the_value_outside_the_tolerance(monkeypatch):
+    """The message names the worst value outside ``allclose``'s tolerance, and how many are, not the
+    largest difference: 10,000.5 against 10,000 is within rtol=1e-4, 0.01 against 0.001 is not. Whole
+    and chunked comparisons agree."""
+    import torch
+
+    compare = role_module("compare")
+    comparer = compare.Comparer(Tools(torch, "cpu"), {})
+    ref = torch.tensor([10000.0, 0.001, 1.0, 2.0] * 50)
+    new = ref.clone()
+    new[0], new[5], new[9] = 10000.5, 0.01, 0.0015
+    messages = []
+    for chunk in (None, 8):
+        if chunk:
+            monkeypatch.setattr(compare, "COMPARE_CHUNK", chunk)
+        with pytest.raises(Failure) as failed:
+            comparer.compare([ref], [new], "trial 0")
+        messages.append(failed.value.message)
+    assert messages[0] == messages[1]
+    assert (
+        "2 of 200 values outside the tolerance, the worst at flat index 5 (got 0.01, expected 0.001"
+        in messages[0]
+    )
+
+
 # --- evaluations ------------------------------------------------------------------------------------
 def test_small_task_keeps_the_default_plan(evaluator):
     """A tiny task: the default layout (every trial held, three timing sets alive, three checked calls),

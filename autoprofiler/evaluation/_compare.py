@@ -11,6 +11,7 @@ the same (the norm is accumulated over chunks). Loaded by path beside ``_harness
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, replace
 
 import _autoprofiler_harness as harness
 from _autoprofiler_harness import Failure
@@ -99,11 +100,7 @@ class Comparer:
                 "wrong_output", f"{name}: {int(bad.sum())} NaN/Inf values where the reference is finite"
             )
         if not bool(torch.allclose(nd, rd, rtol=rtol, atol=atol, equal_nan=True)):
-            both = r_fin & n_fin
-            diff = torch.where(both, (nd - rd).abs(), torch.zeros_like(rd))
-            k = int(torch.argmax(diff.reshape(-1)))
-            worst, got, want = (float(t.reshape(-1)[k]) for t in (diff, nd, rd))
-            raise not_close(name, atol, rtol, worst, k, got, want)
+            raise not_close(name, atol, rtol, Violations.of(torch, rd, nd, atol, rtol, 0), rd.numel())
         both = r_fin & n_fin
         ref_norm = float(torch.linalg.vector_norm(rd[both]))
         if ref_norm > 0.0:
@@ -128,25 +125,22 @@ class Comparer:
         atol, rtol, rel_tol = tolerances(torch, r.dtype, self.cfg)
         if r.is_floating_point() and self.quick_match_chunked(r, n, atol, rel_tol):
             return
-        bad_count, close, worst = 0, True, (-1.0, 0, 0.0, 0.0)
+        bad_count, close, found = 0, True, Violations()
         ref_sq, err_sq = 0.0, 0.0
         for start, rc, nc in self.chunks(r, n):
             rd, nd = rc.to(torch.float64), nc.to(torch.float64)
             r_fin, n_fin = torch.isfinite(rd), torch.isfinite(nd)
             bad_count += int((r_fin & ~n_fin).sum())
             both = r_fin & n_fin
-            close &= bool(torch.allclose(nd, rd, rtol=rtol, atol=atol, equal_nan=True))
-            diff = torch.where(both, (nd - rd).abs(), torch.zeros_like(rd))
-            k = int(torch.argmax(diff))  # the largest difference anywhere, as over the whole tensor
-            if float(diff[k]) > worst[0]:
-                worst = (float(diff[k]), start + k, float(nd[k]), float(rd[k]))
-            del diff
+            if not bool(torch.allclose(nd, rd, rtol=rtol, atol=atol, equal_nan=True)):
+                close = False
+                found = found.merge(Violations.of(torch, rd, nd, atol, rtol, start))
             ref_sq += float(torch.linalg.vector_norm(rd[both])) ** 2
             err_sq += float(torch.linalg.vector_norm(nd[both] - rd[both])) ** 2
         if bad_count:
             raise Failure("wrong_output", f"{name}: {bad_count} NaN/Inf values where the reference is finite")
         if not close:
-            raise not_close(name, atol, rtol, worst[0], worst[1], worst[2], worst[3])
+            raise not_close(name, atol, rtol, found, r.numel())
         ref_norm = math.sqrt(ref_sq)
         if ref_norm > 0.0:
             err = math.sqrt(err_sq) / ref_norm
@@ -169,11 +163,47 @@ class Comparer:
         return ref_sq == 0.0 or math.sqrt(diff_sq / ref_sq) <= rel_tol
 
 
-def not_close(name: str, atol: float, rtol: float, worst: float, k: int, got: float, want: float) -> Failure:
+@dataclass(frozen=True)
+class Violations:
+    """The values outside ``allclose``'s tolerance (``|out - ref| > atol + rtol * |ref|``, finite on both
+    sides): how many, and the worst one, the value furthest beyond what it is allowed. The largest
+    difference is often not one of them: a large reference value allows a large difference."""
+
+    count: int = 0
+    index: int = -1  # flat index of the worst
+    got: float = 0.0
+    want: float = 0.0
+    excess: float = -math.inf  # |got - want| - allowed, of the worst
+
+    @classmethod
+    def of(cls, torch, rd, nd, atol: float, rtol: float, offset: int) -> Violations:
+        """The violations in float64 tensors ``rd`` (reference) and ``nd``; flat indices from ``offset``."""
+        both = torch.isfinite(rd) & torch.isfinite(nd)
+        excess = torch.where(both, (nd - rd).abs() - (atol + rtol * rd.abs()), torch.full_like(rd, -math.inf))
+        flat = excess.reshape(-1)
+        k = int(torch.argmax(flat))
+        return cls(
+            count=int((flat > 0).sum()),
+            index=offset + k,
+            got=float(nd.reshape(-1)[k]),
+            want=float(rd.reshape(-1)[k]),
+            excess=float(flat[k]),
+        )
+
+    def merge(self, other: Violations) -> Violations:
+        worst = self if self.excess >= other.excess else other
+        return replace(worst, count=self.count + other.count)
+
+
+def not_close(name: str, atol: float, rtol: float, found: Violations, numel: int) -> Failure:
+    if not found.count:  # every finite value is close: the difference is where the reference is NaN/Inf
+        return Failure("wrong_output", f"{name}: values differ where the reference is NaN or Inf")
+    diff = abs(found.got - found.want)
     return Failure(
         "wrong_output",
-        f"{name}: not allclose (atol={atol:g}, rtol={rtol:g}): max abs diff {worst:.3g}"
-        f" at flat index {k} (got {got:.6g}, expected {want:.6g})",
+        f"{name}: not allclose (atol={atol:g}, rtol={rtol:g}): {found.count} of {numel} values outside the "
+        f"tolerance, the worst at flat index {found.index} (got {found.got:.6g}, expected {found.want:.6g}: "
+        f"diff {diff:.3g}, allowed {diff - found.excess:.3g})",
     )
 
 
