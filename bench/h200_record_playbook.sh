@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
-# Next H200 session (prepared 2026-12-03, not yet run): H200 outcomes of the eight new playbook actions
-# (issue 12) on all 45 suite tasks, added to datasets/h200_suite as action rows keyed rule-v1/<action>,
-# with the evaluation settings of the recorded rule actions (50 timing, 3 correctness trials, 5 warm-up).
-# From the repo root:
+# H200 outcomes of the eight playbook actions (issue 12) as action rows keyed rule-v1/<action>, with the
+# evaluation settings of the recorded rule actions (50 timing, 3 correctness trials, 5 warm-up), added to
+# a recording: TARGET=suite (the default) the 45 suite tasks of datasets/h200_suite; TARGET=generated the
+# generated tasks of datasets/recorded/h200 that have every ncu group profiled (issue 11). From the repo
+# root:
 #   OUT=/tmp/out bash bench/h200_record_playbook.sh all       # the stages below in order, ~8 min in all
 #   OUT=/tmp/out bash bench/h200_record_playbook.sh cheap     # sdpa, cudnn_benchmark, autocast_fp16/bf16
 #   OUT=/tmp/out bash bench/h200_record_playbook.sh compile   # compile_cudagraphs, channels_last_compile
 #   OUT=/tmp/out bash bench/h200_record_playbook.sh autotune  # compile_max_autotune, compile_coordinate_descent
 #   OUT=/tmp/out bash bench/h200_record_playbook.sh loose     # tf32 + autocast at atol=rtol=1e-2 (own folder)
+#   TARGET=generated OUT=/tmp/out bash bench/h200_record_playbook.sh all
 # Every stage is resumable (rows are keyed; --max-seconds stops starting new work): run the same command
 # again until each stage prints "complete: True" (the autotune stage will need more than one call: inductor
 # autotunes GEMM templates for tens of seconds per task, and it runs 3 at a time so that its GPU
@@ -22,6 +24,28 @@ OUT=${OUT:-/tmp/out}; mkdir -p $OUT/r
 BUDGET=${RECORD_SECONDS:-420}   # seconds of new work per call (all stages together for "all")
 START=$(date +%s)
 COMMON="--timing-trials 50 --correctness-trials 3 --warmup 5 --device cuda --task-size full --source ncu"
+case ${TARGET:-suite} in
+suite) REC=datasets/h200_suite ;;
+generated)
+  REC=datasets/recorded/h200
+  # the generated tasks with every group profiled (pyarrow: the device's python has no polars)
+  IDS=$(python3 - "$REC/profiles" <<'PY'
+import sys
+from collections import defaultdict
+import pyarrow.dataset as ds
+table = ds.dataset(sys.argv[1], format="parquet", partitioning="hive").to_table(columns=["task_id", "group"])
+groups = defaultdict(set)
+for task_id, group in zip(table["task_id"].to_pylist(), table["group"].to_pylist(), strict=True):
+    groups[task_id].add(group)
+every = set().union(*groups.values()) if groups else set()
+print(",".join(sorted(t for t, g in groups.items() if g == every)))
+PY
+)
+  [ -n "$IDS" ] || { echo "no generated task has every group profiled yet" >&2; exit 2; }
+  echo "generated tasks with every group: $(echo "$IDS" | tr ',' '\n' | wc -l)"
+  COMMON="$COMMON --recording $REC --tasks datasets/ops_gen/tasks.parquet --filter $IDS" ;;
+*) echo "TARGET: expected suite or generated, got ${TARGET}" >&2; exit 2 ;;
+esac
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv > $OUT/r/env_playbook.txt 2>&1
 
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
@@ -49,5 +73,5 @@ all)
   stage autotune compile_max_autotune,compile_coordinate_descent 3 300 ;;
 *) echo "usage: bash bench/h200_record_playbook.sh all|cheap|compile|autotune|loose" >&2; exit 2 ;;
 esac
-tar czf $OUT/rec.tgz --exclude=.timing.lock datasets/h200_suite
+tar czf $OUT/rec.tgz --exclude=.timing.lock $REC
 tar czf $OUT/r.tgz -C $OUT r
