@@ -57,6 +57,7 @@ __all__ = [
     "dumps",
     "profile_key",
     "read_table",
+    "recording_folders",
 ]
 
 logger = logging.getLogger(__name__)
@@ -236,6 +237,17 @@ def _ray_running() -> bool:
 
 
 WRITERS = ("auto", "ray", "arrow")
+
+
+def recording_folders(recording: str | Path | Sequence[str | Path]) -> tuple[Path, ...]:
+    """The folders of one recording (a path) or of several replayed together (a sequence), in order.
+
+    >>> recording_folders("datasets/h200_suite")
+    (PosixPath('datasets/h200_suite'),)
+    """
+    if isinstance(recording, str | Path):
+        return (Path(recording),)
+    return tuple(Path(r) for r in recording)
 
 
 class ParquetTable:

@@ -427,7 +427,7 @@ def make_runner(
     from autoprofiler.runtime.ray_driver import RayDriver
 
     if recording is not None:
-        from autoprofiler.runtime.worker import recording_folders
+        from autoprofiler.tables import recording_folders
 
         folders = [str(f) for f in recording_folders(recording)]
         return RayDriver.start_replay(

@@ -8,15 +8,17 @@
   the same in both; with different content it is a config problem, and so is one content under two ids
   in two sources (it would be judged twice, and could land on both sides of the train/held-out split).
   A path that does not load is a problem naming it.
-- ``recording_problems``: each ``tables`` folder must be a recording (``rewards/`` and ``profiles/``).
-- ``coverage_lines`` / ``replay_sources``: what a replay used, per recording and per task source: one
-  line each for the log, and a record for ``evaluation.json``.
+- ``recording_problems`` / ``tables_problems``: each ``tables`` folder of a replay must be a recording
+  (``rewards/`` and ``profiles/``); a live run writes one.
+- ``replay_tasks`` (``coverage_lines``, ``replay_sources``): the tasks a replay uses, and what it used per
+  recording and per task source: one line each for the log, a record for ``evaluation.json``.
 
 Everything here raises or returns problems; the scripts print.
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -42,8 +44,10 @@ __all__ = [
     "path_spec_problem",
     "recording_problems",
     "replay_sources",
+    "replay_tasks",
     "resolve_path",
     "select_tasks",
+    "tables_problems",
     "task_problems",
 ]
 
@@ -230,6 +234,21 @@ def recording_problems(spec: Any, key: str = "tables") -> list[str]:
     return problems
 
 
+def tables_problems(tables: Any, environment: str) -> list[str]:
+    """A workflow's ``tables`` for its ``environment``: a replay needs every folder to be a recording
+    (``auto`` too, when it names several), a live run writes one folder (or null: ``out_dir/tables``).
+    A value of a wrong type (reported by ``load_config``) gives none."""
+    if path_spec_problem("tables", tables):
+        return []
+    if environment == "replay" and not tables:
+        return ["tables: environment=replay needs tables=<a recording folder, or a list of them>"]
+    if environment == "replay" or (environment == "auto" and len(path_list(tables)) > 1):
+        return recording_problems(tables)
+    if environment == "live" and len(path_list(tables)) > 1:
+        return ["tables: environment=live writes one recording; give one folder (or null: out_dir/tables)"]
+    return []
+
+
 def is_recording(spec: Any) -> bool:
     """Whether every path of ``spec`` is a recording folder (``environment=auto`` replays then)."""
     paths = path_list(spec) if not path_spec_problem("tables", spec) else []
@@ -266,3 +285,21 @@ def replay_sources(
     used_tasks = report.per_source(list(coverage.used))
     tasks = [{"path": s, "tasks_selected": chosen[s], "tasks_used": used_tasks[s]} for s in report.sources]
     return {"recordings": recordings, "task_sources": tasks}
+
+
+def replay_tasks(
+    env: ReplayEnvironment,
+    tasks: Sequence[Task],
+    report: SourcedReport,
+    out: Path,
+    seeds: Sequence[int] = (0,),
+) -> tuple[list[Task], dict[str, Any]]:
+    """The tasks a replay learns and judges on, those the recordings answer in full
+    (``ReplayEnvironment.coverage``), and the record of its sources for ``evaluation.json``
+    (``replay_sources``). Prints one line per recording (``coverage_lines``) and writes
+    ``out/tasks_left_out.json``: why each other recorded task was left out."""
+    coverage = env.coverage(tasks, seeds)
+    for line in coverage_lines(coverage, report):
+        print(f"replay: {line}", flush=True)
+    (out / "tasks_left_out.json").write_text(json.dumps(coverage.left_out(), indent=1) + "\n")
+    return list(coverage.used), replay_sources(env, coverage, report, tasks)

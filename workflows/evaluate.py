@@ -66,11 +66,9 @@ from autoprofiler.workflow import (  # noqa: E402
     worker_spec,
 )
 from autoprofiler.workflow_sources import (  # noqa: E402
-    coverage_lines,
     path_list,
-    path_spec_problem,
-    recording_problems,
-    replay_sources,
+    replay_tasks,
+    tables_problems,
 )
 
 CONFIG_PATH = Path(__file__).with_name("evaluate.yaml")
@@ -112,15 +110,7 @@ def check(cfg: dict) -> list[str]:
     if cfg["rewriter"] not in CONFIG_REWRITERS:
         problems.append(f"rewriter: expected one of {', '.join(CONFIG_REWRITERS)}, got {cfg['rewriter']!r}")
     problems += task_problems(cfg["tasks"], cfg["filter"], cfg["max_tasks"])
-    tables = cfg["tables"]
-    if path_spec_problem("tables", tables):
-        pass  # reported by load_config
-    elif cfg["environment"] == "replay" and not tables:
-        problems.append("tables: environment=replay needs tables=<a recording folder, or a list of them>")
-    elif cfg["environment"] == "replay":
-        problems += recording_problems(tables)
-    elif cfg["environment"] == "live" and len(path_list(tables)) > 1:
-        problems.append("tables: environment=live writes one recording; give one folder (or null)")
+    problems += tables_problems(cfg["tables"], cfg["environment"])
     if cfg["environment"] == "live":
         problems += worker_problems(cfg)
     if isinstance(cfg["probe"], list):
@@ -236,12 +226,7 @@ def main(argv: list[str]) -> int:
         # 1. the judged tasks: on a replay, those the recordings answer in full (so every policy answers)
         tasks = all_tasks
         if cfg["environment"] == "replay":
-            coverage = env.coverage(all_tasks, cfg["seeds"])
-            for line in coverage_lines(coverage, report):
-                print(f"replay: {line}", flush=True)
-            sources = replay_sources(env, coverage, report, all_tasks)
-            (out / "tasks_left_out.json").write_text(json.dumps(coverage.left_out(), indent=1) + "\n")
-            tasks = list(coverage.used)
+            tasks, sources = replay_tasks(env, all_tasks, report, out, cfg["seeds"])
         train, test = split_tasks(tasks, cfg["test_fraction"])
         judged = {"test": test, "train": train, "all": tasks}[cfg["split"]]
         print(

@@ -63,12 +63,10 @@ from autoprofiler.workflow import (  # noqa: E402
 )
 from autoprofiler.workflow_sources import (  # noqa: E402
     checked_tasks,
-    coverage_lines,
     is_recording,
     path_list,
-    path_spec_problem,
-    recording_problems,
-    replay_sources,
+    replay_tasks,
+    tables_problems,
 )
 
 CONFIG_PATH = Path(__file__).with_name("train.yaml")
@@ -99,7 +97,7 @@ def check(cfg: dict) -> list[str]:
         problems.append(
             f"tasks: {len(chosen)} selected; training needs at least 2 (one to learn on, one held out)"
         )
-    problems += _tables_problems(cfg)
+    problems += tables_problems(cfg["tables"], cfg["environment"])
     if cfg["environment"] == "live":
         problems += worker_problems(cfg)
     if isinstance(cfg["probe"], list) and isinstance(cfg["source"], str):
@@ -114,20 +112,6 @@ def check(cfg: dict) -> list[str]:
         except (TypeError, ValueError) as exc:
             problems.append(f"learn: {' '.join(str(exc).split())}")
     return problems
-
-
-def _tables_problems(cfg: dict) -> list[str]:
-    """A replay needs every ``tables`` folder to be a recording; a live run writes one (or null)."""
-    tables, environment = cfg["tables"], cfg["environment"]
-    if path_spec_problem("tables", tables):
-        return []  # reported by load_config
-    if environment == "replay" and not tables:
-        return ["tables: environment=replay needs tables=<a recording folder, or a list of them>"]
-    if environment == "replay" or (environment == "auto" and len(path_list(tables)) > 1):
-        return recording_problems(tables)
-    if environment == "live" and len(path_list(tables)) > 1:
-        return ["tables: environment=live writes one recording; give one folder (or null: out_dir/tables)"]
-    return []
 
 
 def _tree_problems(cfg: dict) -> list[str]:
@@ -260,12 +244,7 @@ def main(argv: list[str]) -> int:
     sources = None
     try:
         if kind == "replay":  # learn and judge on the tasks the recordings answer in full
-            coverage = env.coverage(tasks)
-            for line in coverage_lines(coverage, report):
-                print(f"replay: {line}", flush=True)
-            sources = replay_sources(env, coverage, report, tasks)
-            (out / "tasks_left_out.json").write_text(json.dumps(coverage.left_out(), indent=1) + "\n")
-            tasks = list(coverage.used)
+            tasks, sources = replay_tasks(env, tasks, report, out)
         train, test = split_tasks(tasks, cfg["test_fraction"])
         if not test and len(train) > 1:
             test = [train.pop()]

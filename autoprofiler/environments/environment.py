@@ -41,8 +41,8 @@ from autoprofiler.profiling.cache import CacheEnvironment, profile_record
 from autoprofiler.provenance import Provenance
 from autoprofiler.rewriters.base import ActionRewriter, Rewriter
 from autoprofiler.runtime.driver import LocalDriver, Runner
-from autoprofiler.runtime.worker import CellWorker, ReplayWorker, recording_folders
-from autoprofiler.tables import CANDIDATE_SCHEMA, ParquetTable, ProfileTable, RewardTable
+from autoprofiler.runtime.worker import CellWorker, ReplayWorker
+from autoprofiler.tables import CANDIDATE_SCHEMA, ParquetTable, ProfileTable, RewardTable, recording_folders
 
 if TYPE_CHECKING:
     from autoprofiler.profiling.profile import Profile

@@ -55,7 +55,7 @@ from autoprofiler.report.table_sections import (
     best_action_per_task,
     oracle_matrix,
 )
-from autoprofiler.tables import TableSchemaError
+from autoprofiler.tables import TableSchemaError, recording_folders
 
 __all__ = [
     "best_action_per_task",
@@ -98,7 +98,7 @@ def build_report(
         FileNotFoundError: a ``table_dir`` has no ``rewards/`` table.
         tables.TableSchemaError: a table part of another table or a newer schema.
     """
-    folders = [Path(table_dir)] if isinstance(table_dir, str | Path) else [Path(d) for d in table_dir]
+    folders = recording_folders(table_dir)
     out = Path(out)
     for folder in folders:
         if not (folder / "rewards").is_dir():

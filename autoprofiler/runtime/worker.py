@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from autoprofiler.tasks import Task
     from autoprofiler.tree import ProfilingTree
 
-__all__ = ["CellWorker", "ReplayWorker", "TaskProfiler", "WorkerSpec", "recording_folders", "rewriter_for"]
+__all__ = ["CellWorker", "ReplayWorker", "TaskProfiler", "WorkerSpec", "rewriter_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -297,17 +297,6 @@ class _PerCallConfig:
         return self.evaluator.evaluate(task, candidate_source, self.config)
 
 
-def recording_folders(recording: str | Path | Sequence[str | Path]) -> tuple[Path, ...]:
-    """The folders of one recording (a path) or of several replayed together (a sequence), in order.
-
-    >>> recording_folders("datasets/h200_suite")
-    (PosixPath('datasets/h200_suite'),)
-    """
-    if isinstance(recording, str | Path):
-        return (Path(recording),)
-    return tuple(Path(r) for r in recording)
-
-
 class ReplayWorker:
     """Answers ``run_cells`` and ``profile`` from a recording (its reward and profile tables).
 
@@ -328,7 +317,7 @@ class ReplayWorker:
         profiles: Any = None,
         rewards: Any = None,
     ):
-        from autoprofiler.tables import RewardTable
+        from autoprofiler.tables import RewardTable, recording_folders
 
         self.recordings = recording_folders(recording)
         self.rewards = (
