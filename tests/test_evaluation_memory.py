@@ -276,3 +276,41 @@ def test_gpu_memory_tests_setup_dry_run_on_cpu(evaluator):
     assert result.correct, result.summary()
     plan = plan_of(result)
     assert not plan["default"] and plan["checked_calls"] < 3, plan  # its outputs are as large as inputs
+
+
+DATA_LIMIT_PROBE = """
+import resource, sys, threading
+import torch
+from autoprofiler.evaluation import _harness
+ballast = torch.ones(3 * 2**28, dtype=torch.uint8)  # 768 MiB held before the limit, like a CUDA context
+held = _harness.role_module("memory").proc_status_bytes("VmData")
+said = _harness.cuda_data_limit(torch, torch.device("cpu"), 0.5)
+soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+threads = [threading.Thread(target=lambda: None) for _ in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+torch.empty(256 * 2**20, dtype=torch.uint8).fill_(1)  # within the half GiB of headroom
+try:
+    torch.empty(2**30, dtype=torch.uint8).fill_(1)
+    beyond = "allocated"
+except (MemoryError, RuntimeError):
+    beyond = "refused"
+print(said, held > 2**29, soft == hard and soft - held >= 2**29 - 2**20, beyond, sep="|")
+"""
+
+
+def test_data_limit_is_headroom_beyond_what_the_worker_holds():
+    """``cuda_data_limit`` sets ``RLIMIT_DATA`` to the limit beyond the memory the warmed worker holds
+    (a CUDA context and its libraries count against it), so a worker already holding more than the
+    limit still starts threads and allocates within it, and an allocation beyond it fails (run in a
+    subprocess on CPU: the limit would outlive the test)."""
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", DATA_LIMIT_PROBE], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    said, held_more, headroom, beyond = out.stdout.strip().splitlines()[-1].split("|")
+    assert said.startswith("RLIMIT_DATA 0.5 GiB beyond"), said
+    assert (held_more, headroom, beyond) == ("True", "True", "refused")

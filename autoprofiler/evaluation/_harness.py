@@ -167,6 +167,7 @@ class Tools:
         t = torch
         self.Tensor = t.Tensor
         self.clone = t.Tensor.clone
+        self.empty_like, self.preserve_format = t.empty_like, t.preserve_format
         self.detach = t.Tensor.detach
         self.to = t.Tensor.to
         self.equal = t.equal
@@ -176,6 +177,7 @@ class Tools:
         self.no_grad = t.no_grad
         self.manual_seed = t.manual_seed
         self.int32, self.int64, self.uint8 = t.int32, t.int64, t.uint8
+        self.int_of_width = {1: t.uint8, 2: t.int16, 4: t.int32, 8: t.int64}
         self.perf_counter = time.perf_counter
         if self.is_cuda:
             self.synchronize = t.cuda.synchronize
@@ -184,7 +186,7 @@ class Tools:
             self.synchronize = None
             self.Event = None
         self.flush_buffer = None
-        self.pool: dict[tuple, list] = {}  # (dtype, shape) -> free CPU buffers for retained outputs
+        self.pool: dict[tuple, list] = {}  # (dtype, shape, strides) -> free CPU buffers for retained outputs
 
     def sync(self) -> None:
         if self.is_cuda:
@@ -259,22 +261,40 @@ class Tools:
         return True
 
     def checksum(self, obj) -> list:
-        """Exact integer checksums of ``obj``'s tensors (their bytes as int64 words, summed with
-        wrap-around) and reprs of the rest. Equal bytes give equal sums on any device; the sum needs
-        every byte of the output (no shortcut through the math of the model), so a commitment to it
-        proves the output existed."""
+        """Integer checksums of ``obj``'s tensors and reprs of the rest.
+
+        A tensor's checksum is the sum of its elements read as integers of their own width, with
+        wrap-around in that width (``_element_sum``): order-free, so equal values give equal sums on
+        any device and in any memory layout, without a copy, and as fast as reading the tensor once.
+        A channels-last output of a correct candidate sums like the reference's contiguous one; summing
+        the bytes in logical order would copy it first, and that copy (a 1 GiB output: about 1.6 ms
+        per call on the H200) fell outside the candidate's timed region, where the witness counted it
+        against the candidate's timer. The sum needs every element of the output (no shortcut through
+        the math of the model), so a commitment to it proves the output existed. It is no defence
+        against a chosen collision at any width (a sum is linear); what it catches is an output that
+        changes between the timed call and the check."""
         out = []
         with self.no_torch_function():
             for item in self.flatten(obj):
                 if isinstance(item, self.Tensor):
-                    flat = self.plain(item).contiguous().reshape(-1).view(self.uint8)
-                    whole = flat.numel() // 8 * 8  # int64 words, wrapping sums: order-free, fast
-                    total = int(flat[:whole].view(self.int64).sum()) if whole else 0
-                    total += int(flat[whole:].sum(dtype=self.int64)) if whole < flat.numel() else 0
-                    out.append(f"{item.dtype}:{tuple(item.shape)}:{total}")
+                    out.append(f"{item.dtype}:{tuple(item.shape)}:{self._element_sum(self.plain(item))}")
                 else:
                     out.append(repr(item)[:200])
         return out
+
+    def _element_sum(self, t) -> int:
+        """The sum of ``t``'s elements as integers of their width (a view, any strides; summing in a
+        wider type has no vectorized CPU kernel and is 10-20x slower), or, for a width with no integer
+        type (complex128), of its bytes in logical order as int64 words."""
+        t = t.resolve_conj().resolve_neg()  # a lazy conjugate or negation has no integer view
+        width = t.element_size()
+        if width in self.int_of_width:
+            kind = self.int_of_width[width]
+            return int(t.view(kind).sum(dtype=kind))
+        flat = t.contiguous().reshape(-1).view(self.uint8)
+        whole = flat.numel() // 8 * 8
+        total = int(flat[:whole].view(self.int64).sum()) if whole else 0
+        return total + (int(flat[whole:].sum(dtype=self.int64)) if whole < flat.numel() else 0)
 
     # -- timing ------------------------------------------------------------------------------------
     def prepare_timing(self, l2_flush_mb: int) -> None:
@@ -387,8 +407,9 @@ class Tools:
             t = self.plain(obj)
             if t.numel() == 0 or t.device.type != "cpu":
                 return self.clone(t)
-            free = self.pool.setdefault((t.dtype, tuple(t.shape)), [])
-            base = free.pop() if free else self.torch.empty(t.shape, dtype=t.dtype)
+            # the output's own layout: a channels-last output copies as one stream, like a contiguous one
+            free = self.pool.setdefault((t.dtype, tuple(t.shape), t.stride()), [])
+            base = free.pop() if free else self.empty_like(t, memory_format=self.preserve_format)
             base.copy_(t)
             copy = base.view(t.shape)  # its own tensor object: when it goes, the buffer is free again
             weakref.finalize(copy, free.append, base)
@@ -456,8 +477,9 @@ def set_limits(memory_limit_gb: float, device: str) -> str:
     """``RLIMIT_CORE=0`` and a memory limit; returns which memory limit is in force.
 
     CPU: ``RLIMIT_AS``. CUDA reserves address space far beyond what it uses, so ``RLIMIT_AS`` would
-    break it; ``RLIMIT_DATA`` (private writable memory) is set after the context exists (its mappings
-    are not counted twice) and kept only when a CUDA allocation and a cuBLAS call still work under it.
+    break it; ``RLIMIT_DATA`` (private writable memory) is set after the context exists, as headroom
+    beyond what the process holds then (``cuda_data_limit``), and kept only when a CUDA allocation and a
+    cuBLAS call still work under it.
     """
     import resource
 
@@ -473,20 +495,32 @@ def set_limits(memory_limit_gb: float, device: str) -> str:
 
 def cuda_data_limit(torch, device, memory_limit_gb: float) -> str:
     """Try ``RLIMIT_DATA`` on a CUDA worker (see ``set_limits``): the soft limit first, a self-test, then
-    the hard limit; on any failure the limit is lifted again and the reason returned."""
+    the hard limit; on any failure the limit is lifted again and the reason returned.
+
+    The limit is ``memory_limit_gb`` beyond the private writable memory the warmed worker already holds
+    (``VmData``: the CUDA context's and the libraries' host mappings count against the limit too).
+    Under an absolute 2 GiB a warmed H200 worker could not start libgomp's threads (libgomp exits the
+    process when a thread's stack cannot be mapped); the candidate now gets the same headroom whatever
+    its libraries took."""
     import resource
 
     if memory_limit_gb <= 0:
         return "none"
-    limit = int(memory_limit_gb * 2**30)
+    try:
+        held = role_module("memory").proc_status_bytes("VmData")  # what RLIMIT_DATA counts
+    except OSError:
+        held = 0
+    limit = held + int(memory_limit_gb * 2**30)
     _soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    if hard != resource.RLIM_INFINITY and limit > hard:
+        return f"none (RLIMIT_DATA's hard limit {hard / 2**30:.1f} GiB is below {limit / 2**30:.1f} GiB)"
     try:
         resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
         a = torch.randn(256, 256, device=device)
         (a @ a).sum().item()
         torch.empty(64 * 2**20, dtype=torch.uint8).fill_(1)  # 64 MiB of host memory still allocates
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
-        return f"RLIMIT_DATA {memory_limit_gb:g} GiB"
+        return f"RLIMIT_DATA {memory_limit_gb:g} GiB beyond the {held / 2**30:.2f} GiB held at start-up"
     except Exception as exc:
         try:
             resource.setrlimit(resource.RLIMIT_DATA, (hard, hard))
