@@ -3,12 +3,13 @@
 # (DEADLINE_S, default 570); everything lands in $OUT/s.tgz (unpack under /tmp and copy what is kept into
 # bench/results/). The steps `before` and `prev` need the trees carried as .before (`mkdir .before && git
 # archive e9cf6ff | tar x -C .before`, the single-process evaluator) and .prev (the same with the commit
-# before a change). Next session, call 1 (the evaluator's GPU tests after 2aa09e9, the rowwise range test,
-# then the recording):
+# before a change). Next session, call 1 (the evaluator's GPU tests after 9b78253: the memory-limit headroom
+# and the layout-free checksum; then the recording, which re-evaluates the 6 dropped channels_last rows):
 #   AUTOPROFILER_GIT_SHA=$(git rev-parse --short=12 HEAD) AUTOPROFILER_GIT_DIRTY=0 DEADLINE_S=570 \
-#     bash bench/h200_session_f.sh tests rowwise record
-# then the recording, call after call (unpack $OUT/rec.tgz over the repo and commit between calls):
-#   ... OUT=$OUT SECONDS_LEFT=560 FILTER_SECONDS=5 bash bench/h200_record_generated.sh
+#     bash bench/h200_session_f.sh tests record
+# then the recording, call after call (unpack $OUT/rec.tgz over the repo at once: the machine stays warm
+# only 30 s; commit after the last call):
+#   ... OUT=$OUT SECONDS_LEFT=555 FILTER_SECONDS=5 bash bench/h200_record_generated.sh
 # Steps:
 #   before    the single-process evaluator (e9cf6ff, carried as .before/) on the same machine: the
 #             throughput and identity the hardened evaluator is held to (~1 min; 55.3 s on 2026-12-03)
@@ -21,7 +22,7 @@
 #             2026-12-03, when it was the default)
 #   tests     tests/test_evaluation_gpu.py (~3 min; 170 s on 2026-12-03)
 #   range     the per-group range-replay tests (test_each_group_by_range_replay; ~1.5 min)
-#   rowwise   the range-replay test on rowwise_loop_normalize (1,280 kernels; over 2.5 min, not finished yet)
+#   rowwise   the range-replay test on rowwise_loop_normalize (1,282 kernels; 268 s on 2026-12-03f, passed)
 #   memory    tests/test_evaluation_memory_gpu.py (~2.5 min; 142 s on 2026-12-03, 6 of 6 passed)
 #   ncu_conc  bench/ncu_concurrency.py: the recording's first chunk with the root group alone, then two
 #             copies at once: whether ncu processes may profile side by side on one GPU (~3 min)

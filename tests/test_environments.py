@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import time
 from pathlib import Path
 
 import pytest
@@ -396,6 +397,29 @@ def test_record_in_chunks_finishes_each_chunk_before_the_next(tmp_path):
     spent = LiveEnvironment(BatchProfiler(), RuleRewriter(), ScriptedEvaluator(), tmp_path / "b")
     summary = record(TASKS[:5], spent, groups, chunk=2, max_seconds=0.0)
     assert not summary["complete"] and summary["profile_rows"] == 0 and summary["evaluations"] == 0
+
+
+class SlowBatchProfiler(BatchProfiler):
+    """A BatchProfiler whose every profiled batch takes ``seconds`` of wall time."""
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+
+    def collect_many(self, tasks, groups):
+        time.sleep(self.seconds)
+        return super().collect_many(tasks, groups)
+
+
+def test_record_starts_no_batch_that_would_end_past_the_budget(tmp_path):
+    """A batch of about 1 s in a 1.6 s budget: the second would end past it, so it does not start (a
+    device call's hard limit would kill it half-way), and the chunk's actions wait with it."""
+    groups = list(fx.RECORDED_GROUPS)
+    prof = SlowBatchProfiler(1.0)
+    env = LiveEnvironment(prof, RuleRewriter(), ScriptedEvaluator(), tmp_path)
+    summary = record(TASKS[:4], env, groups, chunk=2, max_seconds=1.6)
+    assert len(prof.batches) == 1 and not summary["complete"]
+    assert summary["profile_rows"] == 2 and summary["evaluations"] == 0
 
 
 def test_derive_configuration_rows_from_actions_and_profiles(tmp_path):

@@ -3,7 +3,9 @@
 ``record`` drives a live environment over a suite; what it writes (``profiles/``, ``rewards/``,
 ``candidates/``) is what a ``ReplayEnvironment`` answers from (``datasets/h200_suite/`` was made so).
 Everything is keyed, so calling it again resumes; ``max_seconds`` stops starting new work after that
-long and ``summary["complete"]`` says whether everything was done.
+long, and a profiled batch only when the longest batch so far would still finish in time (a device call
+with a hard limit is then not killed in the middle of one); ``summary["complete"]`` says whether
+everything was done.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from autoprofiler.cells import Cell, CellFailure
@@ -67,13 +70,35 @@ def record(
 
     Returns a summary: counts, failures ``[{"task_id", "stage", "error"}]``, seconds, complete.
     """
-    t0 = time.monotonic()
+    budget = _Budget(None if max_seconds is None else time.monotonic() + max_seconds)
     if chunk:
         return _record_in_chunks(
-            tasks, env, groups, configurations, seeds, max_seconds, joint, joint_batch, actions, chunk
+            tasks, env, groups, configurations, seeds, budget, joint, joint_batch, actions, chunk
         )
-    deadline = None if max_seconds is None else t0 + max_seconds
-    out_of_time = lambda: deadline is not None and time.monotonic() > deadline  # noqa: E731
+    return _record_part(tasks, env, groups, configurations, seeds, budget, joint, joint_batch, actions)
+
+
+@dataclass
+class _Budget:
+    """``record``'s time budget: past ``deadline`` nothing new starts, and a profiled batch starts only
+    when the longest one so far (``longest`` seconds) would still end before it."""
+
+    deadline: float | None
+    longest: float = 0.0
+
+    def out_of_time(self) -> bool:
+        return self.deadline is not None and time.monotonic() > self.deadline
+
+    def fits_a_batch(self) -> bool:
+        return self.deadline is None or time.monotonic() + self.longest <= self.deadline
+
+
+def _record_part(
+    tasks, env, groups, configurations, seeds, budget: _Budget, joint, joint_batch, actions
+) -> dict[str, Any]:
+    """``record`` of ``tasks`` within ``budget``: profiles batch by batch, then actions, then the
+    configurations."""
+    t0 = time.monotonic()
     failures: list[dict[str, str]] = []
     failed_profile: set[str] = set()
     complete = True
@@ -86,18 +111,21 @@ def record(
         else [(list(tasks), [g]) for g in groups]
     )
     for done, (batch, wanted) in enumerate(batches):
-        if out_of_time():
+        if not budget.fits_a_batch():
             complete = False
             break
+        started = time.monotonic()
         for f in env.prefetch(batch, wanted):
             failed_profile.add(f["task_id"])
             failures.append(
                 {"task_id": f["task_id"], "stage": f"profile:{'+'.join(wanted)}", "error": f["error"]}
             )
+        budget.longest = max(budget.longest, time.monotonic() - started)
         logger.info("profiling: %d/%d batches", done + 1, len(batches))
     rewriter = env.rewriter
     cells = action_cells(tasks, rewriter, seeds, actions) if isinstance(rewriter, ActionRewriter) else []
-    results = env.try_outcomes(cells, deadline) if cells and not out_of_time() else []
+    go_on = complete and not budget.out_of_time()  # a chunk whose profiles stopped: its actions wait too
+    results = env.try_outcomes(cells, budget.deadline) if cells and go_on else []
     complete = complete and len(results) == len(cells)
     for cell, result in zip(cells, results, strict=False):
         if isinstance(result, CellFailure):
@@ -113,7 +141,9 @@ def record(
         for cfg in (configurations or {}).values()
     ]
     for cell, result in zip(
-        config_cells, env.try_outcomes(config_cells) if not out_of_time() else [], strict=False
+        config_cells,
+        env.try_outcomes(config_cells) if go_on and not budget.out_of_time() else [],
+        strict=False,
     ):
         if isinstance(result, CellFailure):
             failures.append(
@@ -125,23 +155,22 @@ def record(
             )
     env.flush()
     actions_done = list(dict.fromkeys(c.action for c in cells))
-    return _summary(env, tasks, groups, actions_done, failures, t0, complete and not out_of_time())
+    return _summary(env, tasks, groups, actions_done, failures, t0, complete and not budget.out_of_time())
 
 
 def _record_in_chunks(
-    tasks, env, groups, configurations, seeds, max_seconds, joint, joint_batch, actions, chunk
+    tasks, env, groups, configurations, seeds, budget: _Budget, joint, joint_batch, actions, chunk
 ) -> dict[str, Any]:
     """``record`` over ``chunk`` tasks at a time within one budget; one summary for all."""
     t0 = time.monotonic()
     failures: list[dict[str, str]] = []
     complete, done_actions = True, []
     for i in range(0, len(tasks), chunk):
-        left = None if max_seconds is None else max_seconds - (time.monotonic() - t0)
-        if left is not None and left <= 0:
+        if budget.out_of_time():
             complete = False
             break
-        part = record(
-            tasks[i : i + chunk], env, groups, configurations, seeds, left, joint, joint_batch, actions
+        part = _record_part(
+            tasks[i : i + chunk], env, groups, configurations, seeds, budget, joint, joint_batch, actions
         )
         logger.info("recorded tasks %d-%d of %d", i + 1, min(i + chunk, len(tasks)), len(tasks))
         failures += part["failures"]

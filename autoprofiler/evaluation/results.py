@@ -53,8 +53,9 @@ class EvalConfig:
         timeout_s: wall-clock limit of one job in the worker (warm-up not counted).
         memory_limit_gb: ``RLIMIT_AS`` of both CPU workers; on CUDA (which reserves huge virtual
             ranges, so ``RLIMIT_AS`` breaks it) ``RLIMIT_DATA`` of the candidate's worker, this much
-            beyond what the warmed worker holds, kept only if the CUDA context still works under it (``details["candidate_worker"]["limits"]`` says which);
-            GPU memory is not limited. ``None`` for no limit.
+            beyond what the warmed worker holds, kept only if the CUDA context still works under it
+            (``details["candidate_worker"]["limits"]`` says which); GPU memory is not limited.
+            ``None`` for no limit.
         suspicious_speedup: a correct candidate faster than this is flagged ``suspicious``.
         rel_norm_tol: limit on ``|out-ref|/|ref|`` (catches near-zero outputs passing ``atol``);
             ``None``: ``10 * max(atol, rtol)``.
