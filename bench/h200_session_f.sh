@@ -4,9 +4,10 @@
 # bench/results/). The steps `before` and `prev` need the trees carried as .before (`mkdir .before && git
 # archive e9cf6ff | tar x -C .before`, the single-process evaluator) and .prev (the same with the commit
 # before a change). Next session, call 1 (the evaluator's GPU tests after 9b78253: the memory-limit headroom
-# and the layout-free checksum; then the recording, which re-evaluates the 6 dropped channels_last rows):
+# and the layout-free checksum; whether 300 trials bring sub-millisecond identity into the band; then the
+# recording, which re-evaluates the 6 dropped channels_last rows):
 #   AUTOPROFILER_GIT_SHA=$(git rev-parse --short=12 HEAD) AUTOPROFILER_GIT_DIRTY=0 DEADLINE_S=570 \
-#     bash bench/h200_session_f.sh tests record
+#     bash bench/h200_session_f.sh tests identity_trials record
 # then the recording, call after call (unpack $OUT/rec.tgz over the repo at once: the machine stays warm
 # only 30 s; commit after the last call):
 #   ... OUT=$OUT SECONDS_LEFT=555 FILTER_SECONDS=5 bash bench/h200_record_generated.sh
@@ -32,6 +33,10 @@
 #   identity_small  the four launch-bound tasks outside 1.00 +/- 0.03 on 2026-12-03d, 5 identity evaluations
 #             each, the candidate as nobody (the default) and as root (AUTOPROFILER_EVAL_DROP_PRIVILEGES=0)
 #             (~1 min)
+#   identity_trials  the seven tasks outside 1.00 +/- 0.03 on 2026-12-03d/e (four launch-bound ones,
+#             layernorm, transpose_copy, conv_bn_relu), 3 identity evaluations each at 100 and at 300
+#             trials: whether more calls narrow the identity spread of sub-millisecond tasks, and what
+#             they cost a minute (~2 min)
 #   compile   tests/test_evaluation_gpu.py -k torch_compile: a torch.compile candidate is not flagged (~1 min)
 #   record    bench/h200_record_generated.sh with the time left (the generated tasks' recording)
 set -u; export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD RAY_USAGE_STATS_ENABLED=0
@@ -97,6 +102,14 @@ for step in "$@"; do
         --out $H/identity_small_drop$drop.md --trace $H/identity_small_drop$drop.jsonl > $H/identity_small_drop$drop.log 2>&1
       echo "identity, 4 launch-bound tasks x 5, candidate as nobody: $drop rc=$?: $(grep 'per minute' $H/identity_small_drop$drop.log)"
       grep -E "^  suite/" $H/identity_small_drop$drop.log
+    done ;;
+  identity_trials)
+    for trials in 100 300; do
+      timeout -k 5 $(cap 120) python3 bench/eval_throughput.py --device cuda --size full --trials $trials \
+        --repeats 3 --only tiny_elementwise_chain,embedding_gather,tiny_add,conv2d,layernorm,transpose_copy,conv_bn_relu \
+        --out $H/identity_trials$trials.md > $H/identity_trials$trials.log 2>&1
+      echo "identity, 7 tasks x 3, $trials trials rc=$?: $(grep 'per minute' $H/identity_trials$trials.log)"
+      grep -E "^  suite/" $H/identity_trials$trials.log
     done ;;
   compile)
     AUTOPROFILER_BENCH_OUT=$H timeout -k 10 $(cap 150) python3 -m pytest -m gpu -rA -v -p no:cacheprovider \
