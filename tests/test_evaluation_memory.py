@@ -12,6 +12,7 @@ Run: ``python -m pytest tests/test_evaluation_memory.py -q`` (about 30 s on 2 CP
 from __future__ import annotations
 
 import doctest
+import os
 from dataclasses import replace
 
 import pytest
@@ -66,7 +67,7 @@ def test_memory_modules_doctests():
     """The worked examples in the docstrings of the plan, the schedule and the task builders hold."""
     import memory_tasks
 
-    for module in (memory, role_module("timing"), memory_tasks):
+    for module in (memory, role_module("timing"), role_module("ledger"), memory_tasks):
         result = doctest.testmod(module)
         assert result.failed == 0 and result.attempted > 0, module.__name__
 
@@ -314,3 +315,37 @@ def test_data_limit_is_headroom_beyond_what_the_worker_holds():
     said, held_more, headroom, beyond = out.stdout.strip().splitlines()[-1].split("|")
     assert said.startswith("RLIMIT_DATA 0.5 GiB beyond"), said
     assert (held_more, headroom, beyond) == ("True", "True", "refused")
+
+
+def test_memory_ledger_waits_for_room_beside_other_evaluations(tmp_path):
+    """With a ``memory_ledger``, a plan counts the other live evaluations' reservations: while another
+    process (this test's) reserves all the machine's memory, an evaluation that fits alone waits, and it
+    runs, correct, once the reservation goes, with its own plan reserved; one that never gets room is
+    the evaluator's error (no row), not the candidate's."""
+    import json
+    import threading
+    import time
+
+    from autoprofiler.evaluation import EvaluatorError
+    from autoprofiler.evaluation._memory import SAFETY, meminfo_bytes
+
+    ledger = role_module("ledger")
+    matmul_task = load_tiny_task("matmul")
+    path = tmp_path / "ledger.json"
+    everything = {ledger.process_key(os.getpid()): int(SAFETY * meminfo_bytes("MemTotal"))}
+    path.write_text(json.dumps(everything))
+    config = replace(BASE, memory_ledger=str(path), timeout_s=12.0)  # waits up to 3 s
+    with Evaluator(config, spares=1) as ev:
+        ev.warm_up()  # a ready pair: the plan is made within a fraction of a second of the call
+        timer = threading.Timer(1.5, lambda: path.write_text("{}"))
+        timer.start()
+        t0 = time.monotonic()
+        result = ev.evaluate(matmul_task, identity_candidate(matmul_task.source))
+        timer.join()
+        assert result.correct, result.summary()
+        assert time.monotonic() - t0 >= 1.5 and result.details["phase_s"]["waiting for device memory"] > 0.5
+        (key, reserved), *others = json.loads(path.read_text()).items()  # its reference process's plan
+        assert not others and key != ledger.process_key(os.getpid()) and reserved > 0
+        path.write_text(json.dumps(everything))
+        with pytest.raises(EvaluatorError, match="no room for this task beside the other evaluations"):
+            ev.evaluate(matmul_task, identity_candidate(matmul_task.source))

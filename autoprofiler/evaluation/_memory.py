@@ -23,7 +23,7 @@ Loaded by path beside ``_harness.py`` (standard library only; torch is passed in
 from __future__ import annotations
 
 import resource
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 SAFETY = 0.85  # share of the free memory both processes together may plan to hold
 COMPARE_CHUNK = 2**24  # elements of an output compared at once (bounds the comparison's temporaries)
@@ -53,6 +53,7 @@ class Budget:
     process: int | None
     free: int  # what the device (CUDA) or the machine (CPU: MemAvailable) had free when measured
     source: str
+    total: int = 0  # the device's (CUDA) or the machine's (CPU: MemTotal) memory; 0: not known
 
 
 @dataclass(frozen=True)
@@ -206,10 +207,10 @@ def measure_budget(tools, held: int, budget_gb: float | None) -> Budget:
     process = None
     if tools.is_cuda:
         torch.cuda.empty_cache()
-        free, _total = torch.cuda.mem_get_info(tools.device)
+        free, total = torch.cuda.mem_get_info(tools.device)
         source = f"{SAFETY:g} x (free device memory + the reference process's tensors)"
     else:
-        free = meminfo_bytes("MemAvailable")
+        free, total = meminfo_bytes("MemAvailable"), meminfo_bytes("MemTotal")
         source = f"{SAFETY:g} x (MemAvailable + the reference process's tensors)"
         limit, _hard = resource.getrlimit(resource.RLIMIT_AS)
         if limit != resource.RLIM_INFINITY:
@@ -220,7 +221,19 @@ def measure_budget(tools, held: int, budget_gb: float | None) -> Budget:
     if budget_gb is not None:
         pair = min(pair, int(float(budget_gb) * GIB))
         source += f"; at most memory_budget_gb = {float(budget_gb):g}"
-    return Budget(pair=pair, process=process, free=free, source=source)
+    return Budget(pair=pair, process=process, free=free, source=source, total=int(total))
+
+
+def beside(budget: Budget, reserved: int, others: int) -> Budget:
+    """``budget`` beside ``others`` live evaluations on the same device that reserved ``reserved``
+    bytes (``_ledger``): at most ``SAFETY`` x the device's memory less their reservations, whatever is
+    free now (they may not have allocated yet)."""
+    if not others or not budget.total:
+        return budget
+    room = max(0, int(SAFETY * budget.total) - reserved)
+    source = f"{budget.source}; at most {SAFETY:g} x {gib(budget.total)} GiB less {gib(reserved)} GiB"
+    source += f" reserved by {others} other evaluation{'s' if others != 1 else ''} on the device"
+    return replace(budget, pair=min(budget.pair, room), source=source)
 
 
 def proc_status_bytes(field: str) -> int:

@@ -48,6 +48,7 @@ from _autoprofiler_harness import Failure
 _watch = harness.role_module("watch")
 ProcessWatch, SharedCores, TimingLock = _watch.ProcessWatch, _watch.SharedCores, _watch.TimingLock
 _memory = harness.role_module("memory")
+_ledger = harness.role_module("ledger")
 _transport = harness.role_module("transport")
 _compare = harness.role_module("compare")
 _timing = harness.role_module("timing")
@@ -59,6 +60,8 @@ TASK_MODULE = "_autoprofiler_reference_task"
 CANDIDATE_KINDS = ("compile_error", "runtime_error", "crashed", "suspicious")
 BUILD_PHASES = ("loading the candidate", "constructing ModelNew")
 
+LEDGER_WAIT = 0.25  # share of timeout_s a plan may wait for room beside other evaluations
+LEDGER_POLL_S = 0.25  # how often it looks again
 CLEAN_CALLS = 5  # reference calls timed before the candidate exists (the first two are warm-up)
 CALIBRATION_BLOCKS = 4  # reference blocks, each followed by a round trip on the link, before the build
 # the timing thresholds are at the top of _timing.py
@@ -419,7 +422,7 @@ class Referee:
         )
         n_sets = input_sets(timing_trials, int(cfg.get("timing_input_sets", 3)))
         checked = min(CHECKED_CALLS, timing_trials)
-        layout = _memory.choose(sizes, budget, n_trials, n_sets, checked)
+        layout, budget = self.choose_layout(sizes, budget, (n_trials, n_sets, checked))
         need = _memory.needs(sizes, layout or _memory.smallest(), n_trials)
         measured = self.call_peak is not None
         self.details["memory_plan"] = _memory.describe(sizes, budget, layout, need, measured)
@@ -431,6 +434,42 @@ class Referee:
         cap = budget.pair - need[0] if tools.is_cuda else None
         self.candidate_memory = {"lean": layout.lean, "full": layout.full, "cap_bytes": cap}
         return layout
+
+    def choose_layout(self, sizes, budget, counts: tuple[int, int, int]):
+        """``_memory.choose`` with ``counts`` (trials, timing input sets, checked calls); with a
+        ``memory_ledger``, beside the reservations of the other evaluations on the device, and the
+        chosen plan's bytes reserved. A task that fits the device alone but not beside them waits for
+        room, up to ``LEDGER_WAIT`` of ``timeout_s``, then fails as the evaluator's error (the
+        candidate is not at fault; nothing is recorded, and a resumed run evaluates it again).
+        Returns the layout (``None``: too large even alone) and the budget it was chosen in."""
+        path = self.cfg.get("memory_ledger")
+        alone = _memory.choose(sizes, budget, *counts)
+        if not path or alone is None:
+            return alone, budget
+        wait_s = LEDGER_WAIT * float(self.cfg.get("timeout_s", 300.0))
+        give_up = time.monotonic() + wait_s
+        previous, held = self.phase_name, sizes.model + sizes.inputs + sizes.outputs
+        while True:
+            with _ledger.Ledger(path) as book:
+                shared = _memory.beside(budget, book.others(), book.count())
+                layout = _memory.choose(sizes, shared, *counts)
+                if layout is not None:
+                    book.reserve(sum(_memory.needs(sizes, layout, counts[0])))
+            if layout is not None:
+                if self.phase_name != previous:
+                    self.phase(previous)
+                return layout, shared
+            if time.monotonic() > give_up:
+                raise Failure(
+                    "evaluator_error",
+                    f"no room for this task beside the other evaluations on the device after waiting "
+                    f"{wait_s:.0f} s: {shared.source}",
+                    compiled=False,
+                )
+            if self.phase_name != "waiting for device memory":
+                self.phase("waiting for device memory")
+            time.sleep(LEDGER_POLL_S)
+            budget = _memory.measure_budget(self.tools, held, self.cfg.get("memory_budget_gb"))
 
     def out_of_memory(self, exc: BaseException) -> dict:
         """The result when an allocation failed in this process: before the build the task is too large

@@ -115,13 +115,18 @@ class Evaluator:
         self.config = config or EvalConfig()
         if spares < 0:
             raise ValueError(f"spares must be >= 0, got {spares}")
-        if self.config.timing_lock:  # a lock the workers cannot open would fail every candidate's timing
-            try:
-                Path(self.config.timing_lock).parent.mkdir(parents=True, exist_ok=True)
-                Path(self.config.timing_lock).touch()
-            except OSError as exc:
-                lock = self.config.timing_lock
-                raise EvaluatorError(f"cannot create the timing lock {lock}: {exc}") from exc
+        # a lock or ledger the reference processes cannot open would fail every evaluation: say so now
+        shared_files = (
+            ("timing lock", self.config.timing_lock),
+            ("memory ledger", self.config.memory_ledger),
+        )
+        for what, path in shared_files:
+            if path:
+                try:
+                    Path(path).parent.mkdir(parents=True, exist_ok=True)
+                    os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+                except OSError as exc:
+                    raise EvaluatorError(f"cannot create the {what} {path}: {exc}") from exc
         self.spares = spares
         self.startup_timeout_s = startup_timeout_s
         if fork_server is None:  # AUTOPROFILER_EVAL_FORK_SERVER=0 turns it off without code changes
@@ -242,7 +247,10 @@ class Evaluator:
             "config": config,
             "candidate_pid": pair.cand.pid,
         }
-        cand_job = {"candidate_source": candidate_source, "config": dict(config, timing_lock=None)}
+        cand_job = {
+            "candidate_source": candidate_source,
+            "config": dict(config, timing_lock=None, memory_ledger=None),  # the reference's files only
+        }
         try:
             raw, kind, reason = pair.run(ref_job, cand_job, cfg.timeout_s)
             if raw is not None and raw.get("candidate_died"):

@@ -67,6 +67,12 @@ class EvalConfig:
             ``mem_get_info``; CPU: MemAvailable and each worker's ``RLIMIT_AS``). Larger tasks are held
             a trial and an input set at a time (``details["memory_plan"]``, ``docs/evaluator.md``);
             one that does not fit even so is a ``runtime_error`` saying it is too large.
+        memory_ledger: path of a file in which the reference processes of every evaluation on this
+            host and device write down what their memory plans hold (``_ledger.py``): a plan counts the
+            others' (they may not have allocated yet), and a task that fits the device alone but not
+            beside them waits for room (up to a quarter of ``timeout_s``; then the evaluator's error,
+            not the candidate's). ``CellWorker`` sets one per device; ``None``: plans see only what is
+            free when they are made.
         timing_lock: path of a lock file the reference process holds (``flock``) only while timing
             both models, so workers sharing a GPU build and check concurrently but time one at a time;
             the candidate's process never sees it. ``None``: no lock.
@@ -100,14 +106,16 @@ class EvalConfig:
     timing_input_sets: int = 3
     l2_flush_mb: int = 256
     timing_lock: str | None = None
+    memory_ledger: str | None = None
     memory_budget_gb: float | None = None
     output_transport: str = "auto"
     timing_cores: int = 0
     trace: bool = False
 
     def __post_init__(self) -> None:
-        if self.timing_lock:  # workers run in their own temp dir: a relative path would not be found there
-            object.__setattr__(self, "timing_lock", os.path.abspath(self.timing_lock))
+        for name in ("timing_lock", "memory_ledger"):  # workers run in their own temp dir: absolute paths
+            if getattr(self, name):
+                object.__setattr__(self, name, os.path.abspath(getattr(self, name)))
         problems = []
         if not _DEVICE_RE.match(str(self.device)):
             problems.append(f"device must be 'cpu', 'cuda' or 'cuda:N', got {self.device!r}")
