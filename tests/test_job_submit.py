@@ -147,7 +147,10 @@ def test_the_oracle_sweep_runs_as_a_job_on_the_head(head):
 
     rows = read_table(out / "rewards", "reward").to_pylist()
     assert [(r["kind"], r["action"], r["device"]) for r in rows] == [("action", "keep", "cpu")]
-    assert rows[0]["run_id"] and rows[0]["correct"], (rows[0]["error_kind"], rows[0]["error"])
+    # correct, or flagged only for its speed: 3 timed calls of an identity candidate on a loaded 2-CPU
+    # machine can measure anything (21.5x was seen), and this test is about the job, not the timing
+    noise = rows[0]["error_kind"] == "suspicious" and "is above suspicious_speedup" in rows[0]["error"]
+    assert rows[0]["run_id"] and (rows[0]["correct"] or noise), (rows[0]["error_kind"], rows[0]["error"])
     assert [p["group"] for p in read_table(out / "profiles", "profile").to_pylist()] == ["torch_root"]
     config = json.loads((out / "config.json").read_text())
     assert config["runtime"]["ray"] is True and config["filter"] == ["relu"]
