@@ -186,6 +186,7 @@ def load_config(
     checks: Callable[[dict[str, Any]], list[str]] | None = None,
     description: str = "",
     paths: Sequence[str] = (),
+    claim: bool = False,
 ) -> dict[str, Any]:
     """File defaults, then ``--config FILE``, then ``key=value`` overrides; all checked at once.
 
@@ -198,6 +199,8 @@ def load_config(
             reported); returns problems (strings).
         paths: keys that take a path or a non-empty list of paths (``tables``, ``tasks``) whatever type
             their shipped value has.
+        claim: also refuse an ``out_dir`` that holds another run, unless ``--resume`` or
+            ``--overwrite`` (``out_dir_problems``).
 
     Raises:
         ConfigError: every problem, one per line.
@@ -276,6 +279,8 @@ def load_config(
         problems.append("resume and overwrite: pass one of them (continue the run in out_dir, or replace it)")
     if checks is not None:  # value checks see a config whose types may be wrong: they guard themselves
         problems += checks(cfg)
+    if claim:
+        problems += out_dir_problems(cfg)
     if problems:
         raise ConfigError(problems)
     return cfg

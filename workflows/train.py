@@ -51,7 +51,6 @@ from autoprofiler.workflow import (  # noqa: E402
     environment_problem,
     load_config,
     make_runner,
-    out_dir_problems,
     prepare_out_dir,
     probe_problems,
     resolve_path,
@@ -133,14 +132,7 @@ def read_config(argv: list[str], claim: bool = False) -> dict:
 
     ``claim``: also refuse an ``out_dir`` that holds another run (unless ``--resume`` or ``--overwrite``).
     """
-    return load_config(
-        CONFIG_PATH,
-        argv,
-        NESTED,
-        lambda c: check(c) + (out_dir_problems(c) if claim else []),
-        __doc__,
-        paths=PATHS,
-    )
+    return load_config(CONFIG_PATH, argv, NESTED, check, __doc__, paths=PATHS, claim=claim)
 
 
 # --- setup --------------------------------------------------------------------------------------------

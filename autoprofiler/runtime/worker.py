@@ -125,11 +125,6 @@ def _build_rewriter(spec: WorkerSpec) -> Rewriter:
     return make_rewriter(spec.rewriter, **options)
 
 
-def _timing_lock(device: str) -> str:
-    """One lock file per device and host: cells of every worker on this GPU are timed one at a time."""
-    return _host_file(device, "timing", "lock")
-
-
 def _host_file(device: str, what: str, suffix: str) -> str:
     """A file every worker on this host and device shares: ``$TMPDIR/autoprofiler-<what>-<device>.<sfx>``."""
     safe = device.replace(":", "_")
@@ -179,7 +174,7 @@ class CellWorker:
         options = dict(s.eval)
         # every worker on this host and device, whatever its own concurrency: two one-cell workers on
         # one device would otherwise time at the same moment
-        options.setdefault("timing_lock", _timing_lock(s.device))
+        options.setdefault("timing_lock", _host_file(s.device, "timing", "lock"))
         # and their memory plans count each other's (concurrent cells on one device would overcommit it)
         options.setdefault("memory_ledger", _host_file(s.device, "memory", "json"))
         config = EvalConfig(device=s.device, task_size=s.task_size, **options)
