@@ -265,14 +265,13 @@ class Tools:
 
         A tensor's checksum is the sum of its elements read as integers of their own width, with
         wrap-around in that width (``_element_sum``): order-free, so equal values give equal sums on
-        any device and in any memory layout, without a copy, and as fast as reading the tensor once.
-        A channels-last output of a correct candidate sums like the reference's contiguous one; summing
-        the bytes in logical order would copy it first, and that copy (a 1 GiB output: about 1.6 ms
-        per call on the H200) fell outside the candidate's timed region, where the witness counted it
-        against the candidate's timer. The sum needs every element of the output (no shortcut through
-        the math of the model), so a commitment to it proves the output existed. It is no defence
-        against a chosen collision at any width (a sum is linear); what it catches is an output that
-        changes between the timed call and the check."""
+        any device and in any memory layout, read in place. The layout must not matter: the harness's
+        work between timed calls has to cost both processes the same (the witness subtracts the
+        reference's from the candidate's), and a channels-last output copied to contiguous here would
+        cost only the candidate. The sum needs every element of the output (no shortcut through the
+        math of the model), so a commitment to it proves the output existed. It is no defence against
+        a chosen collision at any width (a sum is linear); what it catches is an output that changes
+        between the timed call and the check."""
         out = []
         with self.no_torch_function():
             for item in self.flatten(obj):
@@ -498,10 +497,9 @@ def cuda_data_limit(torch, device, memory_limit_gb: float) -> str:
     the hard limit; on any failure the limit is lifted again and the reason returned.
 
     The limit is ``memory_limit_gb`` beyond the private writable memory the warmed worker already holds
-    (``VmData``: the CUDA context's and the libraries' host mappings count against the limit too).
-    Under an absolute 2 GiB a warmed H200 worker could not start libgomp's threads (libgomp exits the
-    process when a thread's stack cannot be mapped); the candidate now gets the same headroom whatever
-    its libraries took."""
+    (``VmData``: the CUDA context's and the libraries' host mappings count against the limit too), so
+    the candidate gets that headroom whatever its libraries took. An absolute limit near what they take
+    leaves no room for a thread's stack, and libgomp exits the process rather than raise."""
     import resource
 
     if memory_limit_gb <= 0:

@@ -2,10 +2,10 @@
 
 Each evaluation's reference process plans its memory against what the device has free when it
 measures (``_memory.measure_budget``). Several evaluations started together on one GPU each see the
-memory the others have not allocated yet, and together they can plan more than the device has (six at
-once on the H200 held about 139 GiB, and one ran out while timing). With a ledger, each reference
-process writes down what its plan holds; a later plan counts what the live others wrote down and, when
-its task fits the device alone but not beside them, waits for one to finish.
+memory the others have not allocated yet, and together they can plan more than the device has. With
+a ledger, each reference process writes down what its plan holds; a later plan counts what the live
+others wrote down and, when its task fits the device alone but not beside them, waits for one to
+finish.
 
 The ledger is one JSON file of ``{"<pid>:<start time>": bytes}``, read and rewritten under ``flock``;
 an entry whose process is gone (its start time no longer matches, so a reused pid does not count) is
