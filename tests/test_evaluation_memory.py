@@ -349,3 +349,29 @@ def test_memory_ledger_waits_for_room_beside_other_evaluations(tmp_path):
         path.write_text(json.dumps(everything))
         with pytest.raises(EvaluatorError, match="no room for this task beside the other evaluations"):
             ev.evaluate(matmul_task, identity_candidate(matmul_task.source))
+
+
+@pytest.mark.parametrize(
+    "beside, out_of_memory, kind, expected",
+    [
+        ((5, 60 * 2**30), True, "runtime_error", "evaluator_error"),  # crowded out: not the candidate's
+        (None, True, "runtime_error", "runtime_error"),  # alone: its own failure
+        ((5, 20 * 2**30), True, "runtime_error", "runtime_error"),  # its share alone was no larger
+        ((5, 60 * 2**30), False, "runtime_error", "runtime_error"),  # not an allocation failure
+        ((5, 60 * 2**30), True, "suspicious", "suspicious"),
+    ],
+)
+def test_out_of_memory_at_a_share_shrunk_beside_others_is_the_evaluators_error(
+    beside, out_of_memory, kind, expected
+):
+    """The candidate's process running out of memory at a share that other evaluations' reservations
+    shrank (21 GiB, 60 GiB alone) is the evaluator's error, so nothing is recorded; alone, or for any
+    other failure, the candidate's outcome stands."""
+    referee = object.__new__(role_module("reference").Referee)  # only the fields candidate_failure reads
+    referee.built, referee.beside = True, beside
+    referee.candidate_memory = {"cap_bytes": 21 * 2**30}
+    failed = {"op": "failed", "kind": kind, "error": "timing: out of memory", "out_of_memory": out_of_memory}
+    failure = referee.candidate_failure(failed)
+    assert failure.kind == expected
+    if expected == "evaluator_error":
+        assert "share of 21 GiB" in failure.message and "shrunk from 60 GiB alone" in failure.message

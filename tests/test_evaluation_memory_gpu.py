@@ -175,6 +175,31 @@ def test_candidate_beyond_its_share_fails_in_its_own_process(evaluator):
     assert "share of device memory" in result.error, result.error
 
 
+HALF_GREEDY = GREEDY.replace("0.9 * total", "0.5 * total")
+
+
+def test_candidate_crowded_out_beside_other_evaluations_is_the_evaluators_error(evaluator, tmp_path):
+    """With another evaluation's reservation of half the device in the ledger, a candidate allocating
+    half the device exceeds its shrunk share (about 0.35 of it) though alone it would fit: the
+    evaluator's error (no row), not the candidate's runtime_error; without the reservation, correct."""
+    import json as json_
+
+    from autoprofiler.evaluation import EvaluatorError
+    from autoprofiler.evaluation._harness import role_module
+
+    ledger = role_module("ledger")
+    path = tmp_path / "ledger.json"
+    path.write_text(json_.dumps({ledger.process_key(os.getpid()): device_bytes() // 2}))
+    task = load_tiny_task("relu_cuda")
+    config = replace(GPU, memory_ledger=str(path))
+    with pytest.raises(EvaluatorError, match="had shrunk from"):
+        evaluator.evaluate(task, HALF_GREEDY, config=config)
+    path.write_text("{}")
+    result = evaluator.evaluate(task, HALF_GREEDY, config=config)
+    _record("half_greedy_alone", result)
+    assert result.correct, result.summary()
+
+
 def test_task_too_large_for_the_gpu_is_a_clear_error(evaluator):
     """An RMSNorm whose input is 0.3 of the GPU (its forward 0.6: two processes cannot both hold it): a
     runtime_error saying it is too large, not a TaskError or an out-of-memory traceback; the same

@@ -117,7 +117,13 @@ class CandidateProcess:
 
     def fail(self, failure: harness.Failure) -> None:
         self.link.send(
-            {"op": "failed", "kind": failure.kind, "error": failure.message, "compiled": failure.compiled}
+            {
+                "op": "failed",
+                "kind": failure.kind,
+                "error": failure.message,
+                "compiled": failure.compiled,
+                "out_of_memory": failure.out_of_memory,
+            }
         )
         raise _Stop
 
@@ -194,6 +200,7 @@ class CandidateProcess:
         failure = harness.classify(exc, kind, where)
         if self.cap and _memory.is_oom(self.torch, exc):
             failure.message += self.share_text()
+            failure.out_of_memory = True
         return failure
 
     def build(self, msg: dict) -> None:

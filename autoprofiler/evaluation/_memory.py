@@ -236,6 +236,25 @@ def beside(budget: Budget, reserved: int, others: int) -> Budget:
     return replace(budget, pair=min(budget.pair, room), source=source)
 
 
+def crowded_out(cap: int | None, alone_cap: int | None, others: int) -> str | None:
+    """Why the candidate's process running out of memory at its share ``cap`` is the evaluator's
+    fault, or ``None`` when it is the candidate's: the share was smaller than it would have been alone
+    (``alone_cap``) because ``others`` evaluations on the device had reserved memory (``beside``). Alone
+    the candidate might have fitted, so its failure says nothing about it; a later evaluation, with
+    fewer beside it, decides.
+
+    >>> crowded_out(21 * GIB, 60 * GIB, 5) is not None, crowded_out(60 * GIB, 60 * GIB, 0)
+    (True, None)
+    """
+    if not cap or not alone_cap or alone_cap <= cap:
+        return None
+    return (
+        f"the candidate's process ran out of memory at its share of {gib(cap)} GiB, which {others} other "
+        f"evaluation{'s' if others != 1 else ''} on the device had shrunk from {gib(alone_cap)} GiB alone: "
+        "not the candidate's fault, so nothing is recorded and a resumed run evaluates it again"
+    )
+
+
 def proc_status_bytes(field: str) -> int:
     with open("/proc/self/status") as fh:
         for line in fh:

@@ -111,6 +111,8 @@ class Referee:
         self.call_peak: int | None = None  # bytes one reference call allocated (trial 0)
         self.layout = None  # the memory plan's layout (``plan_memory``), made on trial 0
         self.candidate_memory: dict = {}
+        # (other evaluations, the candidate's share without them) when their reservations shrank the plan
+        self.beside: tuple[int, int] | None = None
         self.out_bytes = 0
         channel = _transport.transport(self.cfg, tools) == "channel"
         self.mapping = _transport.OutputMapping(tools) if channel else None  # the candidate's output channel
@@ -169,7 +171,19 @@ class Referee:
             return Failure("task_error", f"in the candidate's process: {text}", compiled=False)
         if kind not in CANDIDATE_KINDS:
             kind = "runtime_error"
+        if kind == "runtime_error" and msg.get("out_of_memory") is True:
+            crowded = self.crowded_out()
+            if crowded:
+                return Failure("evaluator_error", f"{crowded}: {text}", compiled=self.built)
         return Failure(kind, text, compiled=self.built or kind == "suspicious")
+
+    def crowded_out(self) -> str | None:
+        """``_memory.crowded_out`` for this evaluation's plan: the candidate's share and what it would
+        have been without the other evaluations' reservations."""
+        if self.beside is None:
+            return None
+        others, alone_cap = self.beside
+        return _memory.crowded_out(self.candidate_memory.get("cap_bytes"), alone_cap, others)
 
     def protocol_error(self, what: str) -> Failure:
         return Failure("suspicious", f"the candidate's process broke the evaluation protocol: {what}")
@@ -451,11 +465,15 @@ class Referee:
         previous, held = self.phase_name, sizes.model + sizes.inputs + sizes.outputs
         while True:
             with _ledger.Ledger(path) as book:
-                shared = _memory.beside(budget, book.others(), book.count())
+                others = book.count()
+                shared = _memory.beside(budget, book.others(), others)
                 layout = _memory.choose(sizes, shared, *counts)
                 if layout is not None:
                     book.reserve(sum(_memory.needs(sizes, layout, counts[0])))
             if layout is not None:
+                alone = _memory.choose(sizes, budget, *counts)
+                if shared.pair < budget.pair and alone is not None:  # the candidate's share alone:
+                    self.beside = (others, budget.pair - _memory.needs(sizes, alone, counts[0])[0])
                 if self.phase_name != previous:
                     self.phase(previous)
                 return layout, shared
