@@ -3,14 +3,13 @@
 # (DEADLINE_S, default 570); everything lands in $OUT/s.tgz (unpack under /tmp and copy what is kept into
 # bench/results/). The steps `before` and `prev` need the trees carried as .before (`mkdir .before && git
 # archive e9cf6ff | tar x -C .before`, the single-process evaluator) and .prev (the same with the commit
-# before a change). Next session, call 1 (the evaluator's GPU tests after 9b78253: the memory-limit headroom
-# and the layout-free checksum; whether 300 trials bring sub-millisecond identity into the band; then the
-# recording, which re-evaluates the 6 dropped channels_last rows):
+# before a change). Next session, call 1 (the GPU test of a candidate crowded out beside other
+# evaluations, then the recording, whose time filter first judges the 15 tasks added to the selection):
 #   AUTOPROFILER_GIT_SHA=$(git rev-parse --short=12 HEAD) AUTOPROFILER_GIT_DIRTY=0 DEADLINE_S=570 \
-#     bash bench/h200_session_f.sh tests identity_trials record
+#     FILTER_SECONDS=90 bash bench/h200_session_f.sh crowded record
 # then the recording, call after call (unpack $OUT/rec.tgz over the repo at once: the machine stays warm
 # only 30 s; commit after the last call):
-#   ... OUT=$OUT SECONDS_LEFT=555 FILTER_SECONDS=5 bash bench/h200_record_generated.sh
+#   ... OUT=$OUT SECONDS_LEFT=540 FILTER_SECONDS=5 bash bench/h200_record_generated.sh
 # Steps:
 #   before    the single-process evaluator (e9cf6ff, carried as .before/) on the same machine: the
 #             throughput and identity the hardened evaluator is held to (~1 min; 55.3 s on 2026-12-03)
@@ -37,6 +36,8 @@
 #             layernorm, transpose_copy, conv_bn_relu), 3 identity evaluations each at 100 and at 300
 #             trials: whether more calls narrow the identity spread of sub-millisecond tasks, and what
 #             they cost a minute (~2 min)
+#   crowded   tests/test_evaluation_memory_gpu.py -k crowded: a candidate out of memory at a share shrunk
+#             beside another evaluation's reservation is the evaluator's error (~30 s)
 #   compile   tests/test_evaluation_gpu.py -k torch_compile: a torch.compile candidate is not flagged (~1 min)
 #   record    bench/h200_record_generated.sh with the time left (the generated tasks' recording)
 set -u; export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD RAY_USAGE_STATS_ENABLED=0
@@ -111,6 +112,10 @@ for step in "$@"; do
       echo "identity, 7 tasks x 3, $trials trials rc=$?: $(grep 'per minute' $H/identity_trials$trials.log)"
       grep -E "^  suite/" $H/identity_trials$trials.log
     done ;;
+  crowded)
+    AUTOPROFILER_BENCH_OUT=$H timeout -k 10 $(cap 150) python3 -m pytest -m gpu -rA -v -p no:cacheprovider \
+      tests/test_evaluation_memory_gpu.py -k crowded > $H/crowded_test.log 2>&1
+    echo "crowded-out test rc=$?: $(tail -1 $H/crowded_test.log)" ;;
   compile)
     AUTOPROFILER_BENCH_OUT=$H timeout -k 10 $(cap 150) python3 -m pytest -m gpu -rA -v -p no:cacheprovider \
       tests/test_evaluation_gpu.py -k torch_compile > $H/compile_test.log 2>&1
