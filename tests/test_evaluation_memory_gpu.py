@@ -26,7 +26,8 @@ import pytest
 from conftest import load_tiny_task
 from memory_tasks import rmsnorm_task
 
-from autoprofiler.evaluation import EvalConfig, Evaluator, TaskError, identity_candidate
+from autoprofiler.evaluation import EvalConfig, Evaluator, EvaluatorError, TaskError, identity_candidate
+from autoprofiler.evaluation._harness import role_module
 from autoprofiler.tasks import Task
 
 pytestmark = pytest.mark.gpu
@@ -182,14 +183,9 @@ def test_candidate_crowded_out_beside_other_evaluations_is_the_evaluators_error(
     """With another evaluation's reservation of half the device in the ledger, a candidate allocating
     half the device exceeds its shrunk share (about 0.35 of it) though alone it would fit: the
     evaluator's error (no row), not the candidate's runtime_error; without the reservation, correct."""
-    import json as json_
-
-    from autoprofiler.evaluation import EvaluatorError
-    from autoprofiler.evaluation._harness import role_module
-
     ledger = role_module("ledger")
     path = tmp_path / "ledger.json"
-    path.write_text(json_.dumps({ledger.process_key(os.getpid()): device_bytes() // 2}))
+    path.write_text(json.dumps({ledger.process_key(os.getpid()): device_bytes() // 2}))
     task = load_tiny_task("relu_cuda")
     config = replace(GPU, memory_ledger=str(path))
     with pytest.raises(EvaluatorError, match="had shrunk from"):

@@ -471,8 +471,8 @@ class Referee:
                 if layout is not None:
                     book.reserve(sum(_memory.needs(sizes, layout, counts[0])))
             if layout is not None:
-                alone = _memory.choose(sizes, budget, *counts)
-                if shared.pair < budget.pair and alone is not None:  # the candidate's share alone:
+                if shared.pair < budget.pair:  # what the candidate's share would be without the others
+                    alone = _memory.choose(sizes, budget, *counts) or layout
                     self.beside = (others, budget.pair - _memory.needs(sizes, alone, counts[0])[0])
                 if self.phase_name != previous:
                     self.phase(previous)
