@@ -358,6 +358,7 @@ def test_memory_ledger_waits_for_room_beside_other_evaluations(tmp_path):
         (None, True, "runtime_error", "runtime_error"),  # alone: its own failure
         ((5, 20 * 2**30), True, "runtime_error", "runtime_error"),  # its share alone was no larger
         ((5, 60 * 2**30), False, "runtime_error", "runtime_error"),  # not an allocation failure
+        ((5, 60 * 2**30), True, "compile_error", "evaluator_error"),  # constructing ModelNew, crowded out
         ((5, 60 * 2**30), True, "suspicious", "suspicious"),
     ],
 )
@@ -375,3 +376,32 @@ def test_out_of_memory_at_a_share_shrunk_beside_others_is_the_evaluators_error(
     assert failure.kind == expected
     if expected == "evaluator_error":
         assert "share of 21 GiB" in failure.message and "shrunk from 60 GiB alone" in failure.message
+
+
+def test_out_of_memory_while_sending_outputs_says_so():
+    """An allocation failing while the candidate's process packs its kept outputs (as it does on a
+    crowded device) reaches the reference process marked ``out_of_memory`` with the share it had, like
+    a failure while timing, so ``candidate_failure`` can judge it crowded out."""
+    import torch
+
+    candidate = role_module("candidate")
+    sent = []
+
+    class Link:
+        def send(self, msg, fds=()):
+            sent.append(msg)
+
+    process = candidate.CandidateProcess({"config": {"device": "cpu"}}, Tools(torch, "cpu"), Link())
+    process.cap = 21 * 2**30
+    process.kept = {0: torch.zeros(4)}
+
+    def pack_outputs(values):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.69 GiB.")
+
+    process.pack_outputs = pack_outputs
+    with pytest.raises(candidate._Stop):  # the serve loop then waits for the reference process
+        process.kept_call({"call": 0})
+    (failed,) = sent
+    assert failed["op"] == "failed" and failed["kind"] == "runtime_error", failed
+    assert failed["out_of_memory"] is True and "sending the timed outputs" in failed["error"]
+    assert "(its share of device memory: 21 GiB)" in failed["error"], failed["error"]

@@ -195,9 +195,11 @@ class CandidateProcess:
     def share_text(self) -> str:
         return f" (its share of device memory: {_memory.gib(self.cap)} GiB)" if self.cap else ""
 
-    def classify(self, exc: BaseException, kind: str, where: str) -> harness.Failure:
-        """``harness.classify``, saying the process's share of device memory when an allocation failed."""
-        failure = harness.classify(exc, kind, where)
+    def classify(self, exc: BaseException, kind: str, where: str, compiled: bool = True) -> harness.Failure:
+        """``harness.classify``, saying the process's share of device memory when an allocation failed
+        (every failure of candidate code goes through here, so the reference process can tell an
+        allocation failure at a share other evaluations shrank)."""
+        failure = harness.classify(exc, kind, where, compiled=compiled)
         if self.cap and _memory.is_oom(self.torch, exc):
             failure.message += self.share_text()
             failure.out_of_memory = True
@@ -229,7 +231,7 @@ class CandidateProcess:
         except BaseException as exc:
             if self.tripwire:
                 self.fail(harness.Failure("suspicious", REFERENCE_USED, compiled=False))
-            self.fail(harness.classify(exc, "compile_error", "building the candidate", compiled=False))
+            self.fail(self.classify(exc, "compile_error", "building the candidate", compiled=False))
         if self.tripwire:
             self.fail(harness.Failure("suspicious", REFERENCE_USED))
         self.model = model
@@ -345,7 +347,7 @@ class CandidateProcess:
         try:
             transport, fds = self.pack_outputs(self.tools.flatten(out) if out is not None else [])
         except BaseException as exc:
-            self.fail(harness.classify(exc, "runtime_error", "sending the timed outputs"))
+            self.fail(self.classify(exc, "runtime_error", "sending the timed outputs"))
         del out
         try:
             self.link.send(

@@ -171,7 +171,7 @@ class Referee:
             return Failure("task_error", f"in the candidate's process: {text}", compiled=False)
         if kind not in CANDIDATE_KINDS:
             kind = "runtime_error"
-        if kind == "runtime_error" and msg.get("out_of_memory") is True:
+        if kind in ("runtime_error", "compile_error") and msg.get("out_of_memory") is True:
             crowded = self.crowded_out()
             if crowded:
                 return Failure("evaluator_error", f"{crowded}: {text}", compiled=self.built)
