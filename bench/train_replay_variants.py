@@ -52,6 +52,7 @@ def run(tables: str, tree: str, extra: list[str], out: Path) -> dict:
         str(ROOT / "workflows" / "train.py"),
         "environment=replay",
         f"tables={tables}",
+        "tasks=datasets/suite",  # the suite recording's tasks (train.yaml's default adds the generated ones)
         "source=ncu",
         f"tree={tree}",
         "probe=[algorithm, memory, latency, compute]",

@@ -127,24 +127,28 @@ def all_tasks() -> dict[str, str]:
     return {t.id: t.hash for source in TASK_SOURCES for t in load_tasks(REPO / source)}
 
 
-def test_two_recordings_replay_the_tasks_with_every_group_and_action(tmp_path, all_tasks):
-    """train.py over both committed recordings and both task sources: it learns and judges on exactly the
-    tasks with every group and every action's row (more than either recording gives alone), says per
-    recording how many it used, and records both recordings with their row counts."""
+def test_the_main_job_replays_both_recordings(tmp_path, all_tasks):
+    """train.py with no flags but out_dir, i.e. over both committed recordings and both task sources: it
+    learns and judges on exactly the tasks with every group and every action's row (more than either
+    recording gives alone), says per recording how many it used, records both recordings with their row
+    counts, and judges blind, random, the four fixed configurations and the oracle with the held-out rows
+    as Parquet."""
     expected = _expected_used([SUITE_REC, GENERATED_REC], all_tasks)
     alone = [sum(_expected_used([r], all_tasks).values()) for r in (SUITE_REC, GENERATED_REC)]
     total = sum(expected.values())
     assert total > max(alone), (expected, alone)
 
     out = tmp_path / "both"
-    proc = _run(
-        f"tables=[{SUITE_REC}, {GENERATED_REC}]",
-        f"tasks=[{', '.join(TASK_SOURCES)}]",
-        f"out_dir={out}",
-        expect=0,
-    )
+    proc = _run(f"out_dir={out}", expect=0)
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["tables"] == [SUITE_REC, GENERATED_REC] and cfg["tasks"] == list(TASK_SOURCES)
     ev = json.loads((out / "evaluation.json").read_text())
-    assert ev["tasks"] + ev["train_tasks"] == total
+    assert ev["tasks"] + ev["train_tasks"] == total and ev["verdict"] in proc.stdout
+    expected_policies = {"blind", "random", "oracle", "learned_tree", "seed_tree"}
+    expected_policies |= {f"static:{n}" for n in ("algorithm", "memory", "latency", "compute")}
+    assert set(ev["summary"]) == expected_policies
+    rows = pl.read_parquet(out / "policy_rows.parquet")
+    assert rows.height == len(expected_policies) * ev["tasks"]
     recordings = {r["path"]: r for r in ev["sources"]["recordings"]}
     assert list(recordings) == [SUITE_REC, GENERATED_REC]
     for rec in (SUITE_REC, GENERATED_REC):

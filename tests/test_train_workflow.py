@@ -135,24 +135,13 @@ def test_replay_run_writes_tree_log_evaluation_and_report(tmp_path):
     )
 
 
-def test_the_default_run_replays_the_h200_recording(tmp_path):
-    """No flags but out_dir: the replay of datasets/h200_suite, judged on its held-out split against
-    blind, random, the four fixed configurations and the oracle, with the held-out rows as Parquet."""
-    import polars as pl
-
-    out = tmp_path / "default"
-    proc = run(f"out_dir={out}")
-    cfg = json.loads((out / "config.json").read_text())
-    assert (cfg["environment"], cfg["tables"], cfg["source"]) == ("replay", "datasets/h200_suite", "ncu")
-    ev = json.loads((out / "evaluation.json").read_text())
-    assert ev["tasks"] + ev["train_tasks"] == 32 and ev["verdict"] in proc.stdout
-    expected = {"blind", "random", "oracle", "learned_tree", "seed_tree"}
-    expected |= {f"static:{n}" for n in ("algorithm", "memory", "latency", "compute")}
-    assert set(ev["summary"]) == expected
-    rows = pl.read_parquet(out / "policy_rows.parquet")
-    assert rows.height == len(expected) * ev["tasks"]
-    assert set(rows["policy"].unique()) == expected
-    assert (out / "report" / "report.md").exists()
+def test_the_default_config_replays_both_h200_recordings():
+    """No flags: the replay (ncu profiles) of both committed H200 recordings over both task sources;
+    ``tests/test_multisource.py`` runs it."""
+    cfg = _train_module().read_config([])
+    assert (cfg["environment"], cfg["source"], cfg["rewriter"]) == ("replay", "ncu", "rule")
+    assert cfg["tables"] == ["datasets/h200_suite", "datasets/recorded/h200"]
+    assert cfg["tasks"] == ["datasets/suite", "datasets/ops_gen/tasks.parquet"]
 
 
 def test_live_config_loads_and_opens_with_its_command():

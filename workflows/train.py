@@ -1,14 +1,13 @@
 """Train a profiling tree, judge it on held-out tasks against the best static configuration and the
 oracle, and write the tree, the learning log and a report.
 
-Run (embedded default: replay of the committed H200 recording on local Ray, rule rewriter, no GPU, no
-LLM; about 10 s on 2 CPUs):
+Run (embedded default: replay of the two committed H200 recordings, the suite's and the generated
+tasks', on local Ray, rule rewriter, no GPU, no LLM; about 30 s on 2 CPUs):
 
     python workflows/train.py
     python workflows/train.py --config workflows/train.yaml key=value ...   # overrides, dotted for nesting
     python workflows/train.py --config workflows/train_cpu_live.yaml        # live on CPU: a few minutes
-    python workflows/train.py tables='[datasets/h200_suite, datasets/recorded/h200]' \
-        tasks='[datasets/suite, datasets/ops_gen/tasks.parquet]'          # several recordings, task sources
+    python workflows/train.py tables=datasets/h200_suite tasks=datasets/suite  # one recording, one source
 
 ``tables`` and ``tasks`` take a path or a list of paths: a replay reads the union of the recordings, the
 tasks of every source are merged by id (an id with two contents, or one content under two ids, is a
