@@ -4,9 +4,11 @@
 # bench/results/). The steps `before` and `prev` need the trees carried as .before (`mkdir .before && git
 # archive e9cf6ff | tar x -C .before`, the single-process evaluator) and .prev (the same with the commit
 # before a change). Next session, call 1 (the GPU test of a candidate crowded out beside other
-# evaluations, then the recording, whose time filter first judges the 15 tasks added to the selection):
+# evaluations, whose candidate now frees its half of the device between calls; whether two ncu processes
+# side by side still nearly double the profiling rate now that programs build on the GPU, which is 88% of
+# the recording's time; then the recording; the sha is typed by the shell, never by hand):
 #   AUTOPROFILER_GIT_SHA=$(git rev-parse --short=12 HEAD) AUTOPROFILER_GIT_DIRTY=0 DEADLINE_S=570 \
-#     FILTER_SECONDS=90 bash bench/h200_session_f.sh crowded record
+#     FILTER_SECONDS=5 bash bench/h200_session_f.sh crowded ncu_conc record
 # then the recording, call after call (unpack $OUT/rec.tgz over the repo at once: the machine stays warm
 # only 30 s; commit after the last call):
 #   ... OUT=$OUT SECONDS_LEFT=540 FILTER_SECONDS=5 bash bench/h200_record_generated.sh
