@@ -151,7 +151,7 @@ def test_cuda_without_a_gpu_is_an_environment_error(tmp_path):
 @pytest.mark.parametrize(
     "name, args",
     [
-        ("train", ["environment=live", "device=cuda"]),  # runtime.ray=true: refused before Ray starts
+        ("train", ["environment=live", "tables=null", "device=cuda"]),  # runtime.ray=true: refused before Ray
         ("serve", ["device=cuda", "port=8123"]),
     ],
 )
