@@ -40,7 +40,7 @@ VARIANTS = [  # (starting tree as a train.py override value, extra overrides); "
 ]
 
 
-def run(tables: str, tree: str, extra: list[str], out: Path) -> dict:
+def run(tables: str, tasks: str, tree: str, extra: list[str], out: Path) -> dict:
     learn = dict(SHIPPED_LEARN)
     for setting in extra:
         key, value = setting.split("=", 1)
@@ -52,7 +52,7 @@ def run(tables: str, tree: str, extra: list[str], out: Path) -> dict:
         str(ROOT / "workflows" / "train.py"),
         "environment=replay",
         f"tables={tables}",
-        "tasks=datasets/suite",  # the suite recording's tasks (train.yaml's default adds the generated ones)
+        f"tasks={tasks}",
         "source=ncu",
         f"tree={tree}",
         "probe=[algorithm, memory, latency, compute]",
@@ -82,6 +82,7 @@ def run(tables: str, tree: str, extra: list[str], out: Path) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("tables", help="a recording: profiles/ and rewards/ (e.g. datasets/h200_suite)")
+    ap.add_argument("--tasks", default="datasets/suite", help="its task source (the suite)")
     args = ap.parse_args()
     print(f"# Replay training on `{args.tables}` under several learner settings\n")
     print(f"`python bench/train_replay_variants.py {args.tables}`\n")
@@ -92,7 +93,7 @@ def main() -> None:
     print("| --- | --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
     with tempfile.TemporaryDirectory() as tmp:
         for i, (tree, extra) in enumerate(VARIANTS):
-            r = run(args.tables, tree, extra, Path(tmp) / str(i))
+            r = run(args.tables, args.tasks, tree, extra, Path(tmp) / str(i))
             b = r["best"]
             stats = (
                 (b["description"], f"{b['stats']['mean']:.4f}", f"{b['stats']['lcb']:.4f}", b["stats"]["n"])

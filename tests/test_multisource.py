@@ -149,6 +149,7 @@ def test_the_main_job_replays_both_recordings(tmp_path, all_tasks):
     assert set(ev["summary"]) == expected_policies
     rows = pl.read_parquet(out / "policy_rows.parquet")
     assert rows.height == len(expected_policies) * ev["tasks"]
+    assert set(rows["policy"].unique()) == expected_policies
     recordings = {r["path"]: r for r in ev["sources"]["recordings"]}
     assert list(recordings) == [SUITE_REC, GENERATED_REC]
     for rec in (SUITE_REC, GENERATED_REC):
