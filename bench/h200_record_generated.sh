@@ -13,7 +13,21 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-} RAY_USAGE_STATS_ENABLE
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
 START=$(date +%s); BUDGET=${SECONDS_LEFT:-480}
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
-REC=datasets/recorded/h200
+# One recording per GPU model, so a task's rows all come from one card: an H200 continues
+# datasets/recorded/h200; an H100 records into datasets/recorded/h100 (made here from the H200's
+# selection and settings) the selected tasks the H200 recording holds no row of.
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+case "$GPU" in
+  *H200*) REC=datasets/recorded/h200 ;;
+  *H100*) REC=datasets/recorded/h100 ;;
+  *) echo "no recording folder for the GPU '$GPU' (an H200 or an H100 is expected)"; exit 2 ;;
+esac
+if [ ! -f $REC/record.yaml ]; then
+  mkdir -p $REC && cp datasets/recorded/h200/selection.txt $REC/
+  sed "s#^out_dir: .*#out_dir: $REC#; s#^\# The H200 recording#\# The $GPU recording#" \
+    datasets/recorded/h200/record.yaml > $REC/record.yaml
+fi
+echo "GPU $GPU: recording into $REC"
 FILTER_S=${FILTER_SECONDS:-90}
 timeout -k 5 $((FILTER_S + 30)) python3 datasets/ops_gen/filter_gpu.py --stage time --device cuda \
   --only $REC/selection.txt --max-seconds "$FILTER_S" --timeout 60 > "$OUT/filter_time.log" 2>&1
@@ -21,12 +35,18 @@ echo "time filter rc=$?: $(tail -1 "$OUT/filter_time.log")"
 python3 - "$REC" <<'PY'
 import json, sys
 from pathlib import Path
+import pyarrow.dataset as ds
 from autoprofiler.generate.verdicts import read_verdicts
 rec = Path(sys.argv[1])
 verdicts = read_verdicts("datasets/ops_gen/gpu_verdicts.jsonl")
 ok = {h for (h, stage), row in verdicts.items() if stage == "time" and row["ok"]}
 ids = [ln.split("\t")[0] for ln in (rec / "selection.txt").read_text().splitlines()
        if ln and not ln.startswith("#") and ln.split("\t")[1] in ok]
+h200 = Path("datasets/recorded/h200")
+if rec != h200:  # another card records only tasks the H200 recording holds no row of
+    held = set(ds.dataset(h200 / "profiles", format="parquet", partitioning="hive")
+               .to_table(columns=["task_id"]).column("task_id").to_pylist())
+    ids = [i for i in ids if i not in held]
 text = (rec / "record.yaml").read_text().splitlines()
 text = [f"filter: {json.dumps(ids)}" if ln.startswith("filter:") else ln for ln in text]
 Path("/tmp/record_generated.yaml").write_text("\n".join(text) + "\n")
