@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The H200 recording of generated tasks (issue 11), one resumable call at a time:
+# The recording of generated tasks (issue 11) on the H200 or, when the device tool lends an H100, into
+# datasets/recorded/h100 (below); one resumable call at a time:
 #   OUT=/tmp/out SECONDS_LEFT=480 bash bench/h200_record_generated.sh
 # 1. the GPU time filter (eager 1-100 ms at full size) on the tasks of datasets/recorded/h200/selection.txt
 #    not judged yet, continuing datasets/ops_gen/gpu_verdicts.jsonl;
 # 2. workflows/oracle_sweep.py with datasets/recorded/h200/record.yaml, its filter narrowed to the tasks
-#    that passed, --resume: 8 tasks at a time, every ncu group in its own profiled process per chunk
+#    that passed, --resume: 16 tasks at a time (`chunk`), every ncu group in its own profiled process per chunk
 #    (passes measured per group), then the rule actions of those tasks; stops starting work at the budget.
-# Then here: unpack $OUT/rec.tgz over the repo root (datasets/recorded/h200, datasets/ops_gen/gpu_verdicts.*)
+# Then here: unpack $OUT/rec.tgz over the repo root (datasets/recorded/<card>, datasets/ops_gen/gpu_verdicts.*)
 # and commit before the next call.
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-} RAY_USAGE_STATS_ENABLED=0

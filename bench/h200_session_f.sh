@@ -4,11 +4,10 @@
 # bench/results/). The steps `before` and `prev` need the trees carried as .before (`mkdir .before && git
 # archive e9cf6ff | tar x -C .before`, the single-process evaluator) and .prev (the same with the commit
 # before a change). Next session, call 1 (the GPU test of a candidate crowded out beside other
-# evaluations, whose candidate now frees its half of the device between calls; whether two ncu processes
-# side by side still nearly double the profiling rate now that programs build on the GPU, which is 88% of
-# the recording's time; then the recording; the sha is typed by the shell, never by hand):
+# evaluations, whose candidate now hands its half of the device back between calls; then the recording,
+# into the folder of whichever card comes; the sha is typed by the shell, never by hand):
 #   AUTOPROFILER_GIT_SHA=$(git rev-parse --short=12 HEAD) AUTOPROFILER_GIT_DIRTY=0 DEADLINE_S=570 \
-#     FILTER_SECONDS=5 bash bench/h200_session_f.sh crowded ncu_conc record
+#     FILTER_SECONDS=5 bash bench/h200_session_f.sh crowded record
 # then the recording, call after call (unpack $OUT/rec.tgz over the repo at once: the machine stays warm
 # only 30 s; commit after the last call):
 #   ... OUT=$OUT SECONDS_LEFT=540 FILTER_SECONDS=5 bash bench/h200_record_generated.sh
@@ -27,7 +26,8 @@
 #   rowwise   the range-replay test on rowwise_loop_normalize (1,282 kernels; 268 s on 2026-12-03f, passed)
 #   memory    tests/test_evaluation_memory_gpu.py (~2.5 min; 142 s on 2026-12-03, 6 of 6 passed)
 #   ncu_conc  bench/ncu_concurrency.py: the recording's first chunk with the root group alone, then two
-#             copies at once: whether ncu processes may profile side by side on one GPU (~3 min)
+#             copies at once: whether ncu processes may profile side by side on one GPU (~3 min; 1.18x
+#             the throughput on an H100 on 2026-12-05, so the recording profiles one process at a time)
 #   ncu_build the same chunk and group alone (--copies 0): GPU-built profiles against the recorded host-built
 #             rows of that chunk, with the allocator's cache freed before the ncu range (the default) and
 #             kept (AUTOPROFILER_PROFILE_FREE_CACHE=0): time and metrics of both (~1.5 min)

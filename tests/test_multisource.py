@@ -18,7 +18,9 @@ import polars as pl
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SUITE_REC, GENERATED_REC = "datasets/h200_suite", "datasets/recorded/h200"
+SUITE_REC = "datasets/h200_suite"
+#: the main job's default recordings: the suite's and the generated tasks' on the H200, the H100's
+RECORDINGS = [SUITE_REC, "datasets/recorded/h200", "datasets/recorded/h100"]
 TASK_SOURCES = ("datasets/suite", "datasets/ops_gen/tasks.parquet")
 MODEL = """import torch
 import torch.nn as nn
@@ -127,21 +129,21 @@ def all_tasks() -> dict[str, str]:
     return {t.id: t.hash for source in TASK_SOURCES for t in load_tasks(REPO / source)}
 
 
-def test_the_main_job_replays_both_recordings(tmp_path, all_tasks):
-    """train.py with no flags but out_dir, i.e. over both committed recordings and both task sources: it
-    learns and judges on exactly the tasks with every group and every action's row (more than either
-    recording gives alone), says per recording how many it used, records both recordings with their row
+def test_the_main_job_replays_every_recording(tmp_path, all_tasks):
+    """train.py with no flags but out_dir, i.e. over the committed recordings and both task sources: it
+    learns and judges on exactly the tasks with every group and every action's row (more than any one
+    recording gives alone), says per recording how many it used, records every recording with its row
     counts, and judges blind, random, the four fixed configurations and the oracle with the held-out rows
     as Parquet."""
-    expected = _expected_used([SUITE_REC, GENERATED_REC], all_tasks)
-    alone = [sum(_expected_used([r], all_tasks).values()) for r in (SUITE_REC, GENERATED_REC)]
+    expected = _expected_used(RECORDINGS, all_tasks)
+    alone = [sum(_expected_used([r], all_tasks).values()) for r in RECORDINGS]
     total = sum(expected.values())
     assert total > max(alone), (expected, alone)
 
-    out = tmp_path / "both"
+    out = tmp_path / "default"
     proc = _run(f"out_dir={out}", expect=0)
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["tables"] == [SUITE_REC, GENERATED_REC] and cfg["tasks"] == list(TASK_SOURCES)
+    assert cfg["tables"] == RECORDINGS and cfg["tasks"] == list(TASK_SOURCES)
     ev = json.loads((out / "evaluation.json").read_text())
     assert ev["tasks"] + ev["train_tasks"] == total and ev["verdict"] in proc.stdout
     expected_policies = {"blind", "random", "oracle", "learned_tree", "seed_tree"}
@@ -151,8 +153,8 @@ def test_the_main_job_replays_both_recordings(tmp_path, all_tasks):
     assert rows.height == len(expected_policies) * ev["tasks"]
     assert set(rows["policy"].unique()) == expected_policies
     recordings = {r["path"]: r for r in ev["sources"]["recordings"]}
-    assert list(recordings) == [SUITE_REC, GENERATED_REC]
-    for rec in (SUITE_REC, GENERATED_REC):
+    assert list(recordings) == RECORDINGS
+    for rec in RECORDINGS:
         assert recordings[rec]["tasks_used"] == expected[rec], rec
         assert recordings[rec]["reward_rows"] == _frame(rec, "rewards", []).height
         assert recordings[rec]["profile_rows"] == _frame(rec, "profiles", []).height
@@ -164,7 +166,7 @@ def test_the_main_job_replays_both_recordings(tmp_path, all_tasks):
     assert all(why["groups"] or why["actions"] for why in left_out.values())
     assert any(why["actions"] and not why["groups"] for why in left_out.values())  # a missing action row
     first = (out / "report" / "report.md").read_text().splitlines()[2]
-    assert f"`{SUITE_REC}` (" in first and f"`{GENERATED_REC}` (" in first and f"the {total} tasks" in first
+    assert all(f"`{rec}` (" in first for rec in RECORDINGS) and f"the {total} tasks" in first
 
 
 def _task_folder(root: Path, files: dict[str, str]) -> Path:
@@ -201,8 +203,8 @@ def test_task_sources_merge_by_id_and_conflicts_are_one_line(tmp_path):
     assert all(str(tmp_path / n) in " ".join(e.value.problems) for n in ("nowhere", "gone"))
     with pytest.raises(ConfigError, match="tables: expected a path or a non-empty list of paths"):
         train.read_config(["tables=[]"])
-    cfg = _module("evaluate").read_config([f"tables=[{SUITE_REC}, {GENERATED_REC}]", f"tasks=[{a}, {same}]"])
-    assert cfg["tables"] == [SUITE_REC, GENERATED_REC]
+    cfg = _module("evaluate").read_config([f"tables=[{RECORDINGS[0]}, {RECORDINGS[1]}]", f"tasks=[{a}, {same}]"])
+    assert cfg["tables"] == RECORDINGS[:2]
 
 
 def test_the_errors_come_out_before_any_work_one_line_each(tmp_path):

@@ -135,12 +135,12 @@ def test_replay_run_writes_tree_log_evaluation_and_report(tmp_path):
     )
 
 
-def test_the_default_config_replays_both_h200_recordings():
-    """No flags: the replay (ncu profiles) of both committed H200 recordings over both task sources;
-    ``tests/test_multisource.py`` runs it."""
+def test_the_default_config_replays_the_committed_recordings():
+    """No flags: the replay (ncu profiles) of the committed recordings (the two H200 ones first, then the
+    H100's tasks the H200 has no row of) over both task sources; ``tests/test_multisource.py`` runs it."""
     cfg = _train_module().read_config([])
     assert (cfg["environment"], cfg["source"], cfg["rewriter"]) == ("replay", "ncu", "rule")
-    assert cfg["tables"] == ["datasets/h200_suite", "datasets/recorded/h200"]
+    assert cfg["tables"] == ["datasets/h200_suite", "datasets/recorded/h200", "datasets/recorded/h100"]
     assert cfg["tasks"] == ["datasets/suite", "datasets/ops_gen/tasks.parquet"]
 
 
