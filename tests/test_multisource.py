@@ -203,7 +203,8 @@ def test_task_sources_merge_by_id_and_conflicts_are_one_line(tmp_path):
     assert all(str(tmp_path / n) in " ".join(e.value.problems) for n in ("nowhere", "gone"))
     with pytest.raises(ConfigError, match="tables: expected a path or a non-empty list of paths"):
         train.read_config(["tables=[]"])
-    cfg = _module("evaluate").read_config([f"tables=[{RECORDINGS[0]}, {RECORDINGS[1]}]", f"tasks=[{a}, {same}]"])
+    both = f"tables=[{RECORDINGS[0]}, {RECORDINGS[1]}]"
+    cfg = _module("evaluate").read_config([both, f"tasks=[{a}, {same}]"])
     assert cfg["tables"] == RECORDINGS[:2]
 
 
