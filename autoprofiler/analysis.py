@@ -7,7 +7,7 @@ Every summary over rows is a polars aggregation (``summary_frame``, ``oracle_ana
 and profile tables are read as polars frames (``reward_frame``, ``profile_frame``).
 
 - ``split_tasks``: a train/test split fixed by a hash of each task id (a task never changes side).
-- ``evaluate_policies``: per (policy, task) outcome rows and per policy (and per tier) summaries:
+- ``evaluate_policies``: per (policy, task) outcome rows and per policy (and per tier, per card) summaries:
   geomean effective speedup, execution accuracy, fast_p for p in 0, 1, 1.5, 2 (KernelBench: the
   fraction of *all* tasks that are correct and have speedup > p), mean reward, passes and profiling
   seconds per task, LLM calls per task, and the count of unanswerable cells.
@@ -212,10 +212,11 @@ def evaluate_policies(
     of all (policy, task, seed) go to the environment in one ``try_outcomes`` call, so a live
     environment's workers evaluate them in parallel.
 
-    Each row: policy, task_id, level, seed, configuration, leaf, action, correct, speedup,
+    Each row: policy, task_id, level, seed, device, configuration, leaf, action, correct, speedup,
     effective_speedup, reward, passes, profile_seconds, llm_calls, missing (the reason when the
-    environment cannot answer the cell). ``summary[policy]`` holds ``summarize`` of its rows plus
-    ``by_level``.
+    environment cannot answer the cell). ``device`` is the task's card (``task_devices``), the same in
+    every policy's row of the task, so per-card numbers compare policies on the same tasks.
+    ``summary[policy]`` holds ``summarize`` of its rows plus ``by_level`` and ``by_device``.
     """
     plans: list[tuple[dict[str, Any], list[tuple[str, Cell]]]] = []
     for name, policy in policies.items():
@@ -246,17 +247,40 @@ def evaluate_policies(
             row["configuration"] = best.configuration
             _fill(row, best)
         rows.append(row)
+    devices = task_devices(rows)
+    for row in rows:
+        row["device"] = devices[row["task_hash"]]
     return rows, _policy_summaries(rows, list(policies))
 
 
+def task_devices(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Task hash -> the card its answered rows were measured on: the one device they name, ``"mixed"``
+    when they name several (a live run over a cluster of unlike GPUs), ``"unanswered"`` when none.
+    A row's ``device`` is its outcome's until ``evaluate_policies`` replaces it with the task's."""
+    seen: dict[str, set[str]] = {}
+    for row in rows:
+        names = seen.setdefault(row["task_hash"], set())
+        if row.get("device"):
+            names.add(row["device"])
+    def card(names: set[str]) -> str:
+        return next(iter(names)) if len(names) == 1 else ("mixed" if names else "unanswered")
+
+    return {task_hash: card(names) for task_hash, names in seen.items()}
+
+
 def _policy_summaries(rows: list[dict[str, Any]], names: list[str]) -> dict[str, Any]:
-    """``summarize`` per policy, with ``by_level``: the same numbers per task level (ascending)."""
-    frame = outcome_frame(rows, keys=("policy", "level"))
+    """``summarize`` per policy, with ``by_level`` and ``by_device``: the same numbers per task level
+    (ascending) and per card (by name)."""
+    frame = outcome_frame(rows, keys=("policy", "level", "device"))
     overall = {s.pop("policy"): s for s in summary_frame(frame, ["policy"]).to_dicts()}
-    levels: dict[str, dict[int, dict[str, Any]]] = {}
-    for s in summary_frame(frame, ["policy", "level"]).sort("level", maintain_order=True).to_dicts():
-        levels.setdefault(s.pop("policy"), {})[s.pop("level")] = s
-    return {name: {**overall.get(name, {"tasks": 0}), "by_level": levels.get(name, {})} for name in names}
+    parts: dict[str, dict[str, dict[Any, dict[str, Any]]]] = {"by_level": {}, "by_device": {}}
+    for part, key in (("by_level", "level"), ("by_device", "device")):
+        for s in summary_frame(frame, ["policy", key]).sort(key, maintain_order=True).to_dicts():
+            parts[part].setdefault(s.pop("policy"), {})[s.pop(key)] = s
+    return {
+        name: {**overall.get(name, {"tasks": 0}), **{part: by.get(name, {}) for part, by in parts.items()}}
+        for name in names
+    }
 
 
 def _select(row: dict[str, Any], policy: Any, task: Task, env: Environment, rewriter: Any, seed: int):
@@ -290,6 +314,7 @@ def _base_row(name: str, task: Task, seed: int) -> dict[str, Any]:
         "task_hash": task.hash,
         "level": int(task.level),
         "seed": seed,
+        "device": None,
         "configuration": None,
         "leaf": None,
         "action": None,
@@ -313,6 +338,7 @@ def _fill(row: dict[str, Any], outcome: RewardRow) -> dict[str, Any]:
         reward=outcome.reward,
         llm_calls=int(outcome.llm_calls or 0),
         error_kind=outcome.error_kind,
+        device=outcome.device or None,
     )
     return row
 

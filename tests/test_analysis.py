@@ -19,6 +19,7 @@ from autoprofiler.analysis import (
     reward_frame,
     split_tasks,
     summarize,
+    task_devices,
 )
 from autoprofiler.environments import ReplayEnvironment
 from autoprofiler.policies import Blind, Static, TreePolicy
@@ -152,6 +153,22 @@ def test_evaluate_policies_on_the_fixture(env):
     # the tree pays for its routing group and its leaf; the oracle for every probe's groups
     assert 0 < summary["tree"]["profile_seconds_per_task"] < summary["oracle"]["profile_seconds_per_task"]
     assert summary["tree"]["by_level"][1]["tasks"] == len(TASKS) and summary["tree"]["missing"] == 0
+    devices = {r["device"] for r in rows}
+    assert len(devices) == 1 and None not in devices  # every row names its task's card
+    assert summary["tree"]["by_device"][devices.pop()]["tasks"] == len(TASKS)
+
+
+def test_a_task_has_one_card_in_every_policys_row():
+    """A task's card is the one device its answered rows name; several make it "mixed", none
+    "unanswered", so per-card summaries compare policies on the same tasks."""
+    rows = [
+        {"task_hash": "a", "device": "NVIDIA H200"},
+        {"task_hash": "a", "device": None},  # a policy the environment could not answer
+        {"task_hash": "b", "device": "NVIDIA H200"},
+        {"task_hash": "b", "device": "NVIDIA H100 80GB HBM3"},
+        {"task_hash": "c", "device": None},
+    ]
+    assert task_devices(rows) == {"a": "NVIDIA H200", "b": "mixed", "c": "unanswered"}
 
 
 class NamedRewriter:

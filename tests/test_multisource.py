@@ -165,8 +165,29 @@ def test_the_main_job_replays_every_recording(tmp_path, all_tasks):
     left_out = json.loads((out / "tasks_left_out.json").read_text())
     assert all(why["groups"] or why["actions"] for why in left_out.values())
     assert any(why["actions"] and not why["groups"] for why in left_out.values())  # a missing action row
-    first = (out / "report" / "report.md").read_text().splitlines()[2]
+    report = (out / "report" / "report.md").read_text()
+    first = report.splitlines()[2]
     assert all(f"`{rec}` (" in first for rec in RECORDINGS) and f"the {total} tasks" in first
+    # per card: each held-out task under the card its recording measured it on, the same in every policy
+    card = _task_cards(RECORDINGS)
+    held_out = rows.filter(pl.col("policy") == "blind")
+    assert held_out["device"].to_list() == [card[h] for h in held_out["task_hash"]]
+    per_card = held_out["device"].value_counts()
+    assert per_card.height == 2, per_card  # the H200's tasks and the H100's
+    for policy in expected_policies:
+        assert {d: s["tasks"] for d, s in ev["summary"][policy]["by_device"].items()} == dict(
+            per_card.iter_rows()
+        )
+    assert "Per card (held-out tasks in parentheses):" in report
+
+
+def _task_cards(recordings: list[str]) -> dict[str, str]:
+    """Task hash -> the device named by the reward rows of the first recording holding the task."""
+    cards: dict[str, str] = {}
+    for rec in recordings:
+        for task_hash, device in _frame(rec, "rewards", ["task_hash", "device"]).drop("key").iter_rows():
+            cards.setdefault(task_hash, device)
+    return cards
 
 
 def _task_folder(root: Path, files: dict[str, str]) -> Path:

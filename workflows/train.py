@@ -332,7 +332,8 @@ def main(argv: list[str]) -> int:
             )
             + "\n"
         )
-        keys = ("policy", "task_id", "task_hash", "level", "seed", "configuration", "leaf", "action")
+        keys = ("policy", "task_id", "task_hash", "level", "seed", "device", "configuration", "leaf")
+        keys += ("action",)
         outcome_frame(rows, keys).write_parquet(out / "policy_rows.parquet")  # the held-out rows, for polars
         with stage("oracle matrix"):
             matrix = outcome_matrix(test + train, probes, env, rewriter)

@@ -29,7 +29,7 @@ POLICY_COLUMNS = [
 
 
 def _policies_section(data: dict[str, Any], out: Path) -> list[str]:
-    frame = outcome_frame(data.get("rows") or [], keys=("policy", "level"))
+    frame = outcome_frame(data.get("rows") or [], keys=("policy", "level", "device"))
     if frame.is_empty():
         return ["## Policies on held-out tasks\n", "The evaluation holds no per-task rows.\n"]
     summary = summary_frame(frame, ["policy"])
@@ -60,7 +60,28 @@ def _policies_section(data: dict[str, Any], out: Path) -> list[str]:
             ],
         )
         md += ["\nPer tier:\n", markdown_table(wide)]
+    md += _per_card(frame)
     return md
+
+
+def _per_card(frame: pl.DataFrame) -> list[str]:
+    """Geomean and accuracy per policy on each card's tasks, when the held-out tasks were measured on
+    more than one (a replay of several recordings, a live run over unlike GPUs)."""
+    if frame["device"].drop_nulls().n_unique() < 2:
+        return []
+    by_card = summary_frame(frame, ["policy", "device"])
+    cards = by_card["device"].unique().sort().to_list()
+    tasks = {c: int(by_card.filter(pl.col("device") == c)["tasks"].max()) for c in cards}
+    wide = by_card.pivot(on="device", index="policy", values=["geomean_speedup", "accuracy"])
+    wide = wide.select(
+        "policy",
+        *[
+            pl.col(f"{v}_{card}").alias(f"{card} ({tasks[card]}) {name}")
+            for card in cards
+            for v, name in (("geomean_speedup", "geomean"), ("accuracy", "accuracy"))
+        ],
+    )
+    return ["\nPer card (held-out tasks in parentheses):\n", markdown_table(wide)]
 
 
 def _learning_section(run: Path) -> list[str]:
