@@ -2,7 +2,8 @@
 # H200 outcomes of the eight playbook actions (issue 12) as action rows keyed rule-v1/<action>, with the
 # evaluation settings of the recorded rule actions (50 timing, 3 correctness trials, 5 warm-up), added to
 # a recording: TARGET=suite (the default) the 45 suite tasks of datasets/h200_suite; TARGET=generated the
-# generated tasks of datasets/recorded/h200 that have every ncu group profiled (issue 11). From the repo
+# generated tasks of datasets/recorded/h200 (datasets/recorded/h100 on an H100) that have every ncu group
+# profiled (issue 11). From the repo
 # root:
 #   OUT=/tmp/out bash bench/h200_record_playbook.sh all       # the stages below in order, ~8 min in all
 #   OUT=/tmp/out bash bench/h200_record_playbook.sh cheap     # sdpa, cudnn_benchmark, autocast_fp16/bf16
@@ -24,10 +25,17 @@ OUT=${OUT:-/tmp/out}; mkdir -p $OUT/r
 BUDGET=${RECORD_SECONDS:-420}   # seconds of new work per call (all stages together for "all")
 START=$(date +%s)
 COMMON="--timing-trials 50 --correctness-trials 3 --warmup 5 --device cuda --task-size full --source ncu"
+# A task's rows come from one card: the suite's recording and datasets/recorded/h200 take rows from an
+# H200 only; on an H100, TARGET=generated adds to datasets/recorded/h100.
+GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+case "$GPU" in *H200*) CARD=h200 ;; *H100*) CARD=h100 ;; *) CARD=other ;; esac
 case ${TARGET:-suite} in
-suite) REC=datasets/h200_suite ;;
+suite)
+  [ "$CARD" = h200 ] || { echo "TARGET=suite: datasets/h200_suite holds H200 rows; this GPU is '$GPU'" >&2; exit 2; }
+  REC=datasets/h200_suite ;;
 generated)
-  REC=datasets/recorded/h200
+  [ "$CARD" != other ] || { echo "TARGET=generated: no recording for the GPU '$GPU'" >&2; exit 2; }
+  REC=datasets/recorded/$CARD
   # the generated tasks with every group profiled (pyarrow: the device's python has no polars)
   IDS=$(python3 - "$REC/profiles" <<'PY'
 import sys
