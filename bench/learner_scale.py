@@ -6,12 +6,12 @@
 
 Writes ``bench/results/learner_scale.md`` and ``.json`` (``--out``) and prints the table.
 
-The tasks are **resampled**, not new (``bench/resample_recording.py``): N copies of the 32 tasks
-``datasets/h200_suite`` recorded with every ncu group, drawn with replacement with a fixed seed, each a
-distinct task (``resampled/<original id>/<k>``, ``origin`` ``resampled_from=<original id>``) whose
-profile and reward rows are the original's under its own hash and recomputed keys, reward times
-jittered (``--jitter``); written with the project's table writers to a temporary folder (never
-committed) and read back by the real ``ReplayEnvironment``.
+The tasks are **resampled**, not new (``bench/resample_recording.py``): N copies of the tasks the
+main job replays (every ncu group and every rule action recorded; 205 on 2026-12-05), drawn with
+replacement with a fixed seed, each a distinct task (``resampled/<original id>/<k>``, ``origin``
+``resampled_from=<original id>``) whose profile and reward rows are the original's under its own hash
+and recomputed keys, reward times jittered (``--jitter``); written with the project's table writers
+to a temporary folder (never committed) and read back by the real ``ReplayEnvironment``.
 
 Each size then runs the learner as ``workflows/train.py environment=replay`` does: train.yaml's
 ``test_fraction`` and ``learn`` settings, the replay command's probes ``[algorithm, memory, latency,
@@ -46,7 +46,7 @@ from typing import Any
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from resample_recording import ORIGINALS, SOURCE, original_tasks, resampled_tasks, write_resampled  # noqa: E402
+from resample_recording import SOURCE, original_tasks, resampled_tasks, write_resampled  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN_YAML = ROOT / "workflows" / "train.yaml"
@@ -244,10 +244,12 @@ def measure(n: int, work: Path, seed: int = 0, jitter: float = 0.02) -> dict[str
     its own instead, so their memory is measured apart.
     """
     t0 = time.perf_counter()
-    pairs = resampled_tasks(original_tasks(), n, seed)
+    originals = original_tasks()
+    pairs = resampled_tasks(originals, n, seed)
     counts = write_resampled(pairs, work / "recording", seed=seed, jitter=jitter)
     resample = {
         **counts,
+        "originals": len(originals),
         "seconds": round(time.perf_counter() - t0, 3),
         "peak_rss_mb": round(peak_rss_mb(), 1),
     }
@@ -267,12 +269,14 @@ def measure(n: int, work: Path, seed: int = 0, jitter: float = 0.02) -> dict[str
 def _step(args: argparse.Namespace) -> dict[str, Any]:
     """One step in this (child) process: ``resample`` or ``learn`` / ``learn-ray``."""
     work = Path(args.work)
-    pairs = resampled_tasks(original_tasks(), args.n, args.seed)
+    originals = original_tasks()
+    pairs = resampled_tasks(originals, args.n, args.seed)
     if args.step == "resample":
         t0 = time.perf_counter()
         counts = write_resampled(pairs, work / "recording", seed=args.seed, jitter=args.jitter)
         return {
             **counts,
+            "originals": len(originals),
             "seconds": round(time.perf_counter() - t0, 3),
             "peak_rss_mb": round(peak_rss_mb(), 1),
         }
@@ -426,11 +430,12 @@ INTRO = """\
 
 `{command}`
 
-The machine's 2 cores were shared with other jobs while this ran, so wall times can move by up to 2x
-between runs; CPU seconds move much less, peak memory by a few MiB, and the counts not at all.
+On a 2-core machine that other jobs share, wall times can move by up to 2x between runs; CPU seconds
+move much less, peak memory by a few MiB, and the counts not at all.
 
-**The tasks are resampled, not new.** Each is a copy of one of the {originals} tasks
-`datasets/h200_suite` recorded with every ncu group, drawn with replacement (seed {seed}): id
+**The tasks are resampled, not new.** Each is a copy of one of the {originals} tasks the main job
+replays (`workflows/train.yaml`'s recordings: every ncu group and every rule action recorded; until
+2026-12-05 the 32 suite tasks of `datasets/h200_suite` alone), drawn with replacement (seed {seed}): id
 `resampled/<original id>/<k>`, origin `resampled_from=<original id>`, source the original's plus the
 comment `# resampled copy k of <original id>`; its profile and reward rows are the original's under the
 copy's hash and recomputed keys, every recorded reward time (`ref_ms`, `new_ms`) multiplied by
@@ -510,14 +515,16 @@ def markdown(
     """
     sizes = sorted({r["n"] for r in results})
     largest = max(sizes) if sizes else 0
+    # results measured before 2026-12-05 resampled the 32 suite tasks of datasets/h200_suite alone
+    originals = results[0]["resample"].get("originals", 32) if results else 0
     intro = INTRO.format(
         sizes=", ".join(f"{n:,}" for n in sizes),
         command=command,
-        originals=ORIGINALS,
+        originals=originals,
         seed=seed,
         jitter=jitter,
         largest=largest,
-        copies=largest / ORIGINALS,
+        copies=largest / max(originals, 1),
     )
     parts = [
         intro.strip(),

@@ -3,8 +3,9 @@
     python bench/resample_recording.py --n 6000 --out /tmp/resampled     # ~15 s on 2 CPUs
 
 What ``bench/learner_scale.py`` measures the learner on; written to a temporary folder, never committed.
-Each of the N tasks is a copy of one of the tasks that ``datasets/h200_suite`` recorded with every ncu
-group (32), drawn with replacement with a fixed seed. A copy is a distinct ``Task``: id
+Each of the N tasks is a copy of one of the tasks the main job replays (``workflows/train.yaml``'s
+recordings and task sources: those recorded with every ncu group and every rule action, 205 on
+2026-12-05), drawn with replacement with a fixed seed. A copy is a distinct ``Task``: id
 ``resampled/<original id>/<k>``, source the original's plus a trailing comment ``# resampled copy k of
 <original id>`` (so its content hash differs), ``origin`` ``resampled_from=<original id>``, tag
 ``resampled``. Its profile and reward rows are the original's with the copy's ``task_id`` and
@@ -31,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-RECORDING = ROOT / "datasets" / "h200_suite"
-SUITE = ROOT / "datasets" / "suite"
+#: the main job's default recordings and task sources (workflows/train.yaml's ``tables`` and ``tasks``)
+RECORDINGS = [ROOT / "datasets" / name for name in ("h200_suite", "recorded/h200", "recorded/h100")]
+TASK_SOURCES = [ROOT / "datasets" / "suite", ROOT / "datasets" / "ops_gen" / "tasks.parquet"]
 SOURCE = "ncu"
-ORIGINALS = 32  # tasks datasets/h200_suite holds with every group (original_tasks checks it)
 
 
 #: outcome columns a configuration row shares with the action row its rules chose
@@ -53,16 +54,21 @@ OUTCOME = (
 )
 
 
-def original_tasks(recording: Path = RECORDING, suite: Path = SUITE) -> list:
-    """The suite's tasks that ``recording`` holds with every group (what train.py judges on)."""
+def original_tasks(
+    recordings: Sequence[Path] = tuple(RECORDINGS), sources: Sequence[Path] = tuple(TASK_SOURCES)
+) -> list:
+    """The tasks of ``sources`` that ``recordings`` hold with every group and every rule action: what
+    train.py trains and judges on."""
     from autoprofiler.environments import ReplayEnvironment
+    from autoprofiler.rewriters import RuleRewriter
     from autoprofiler.tasks import load_tasks
 
-    env = ReplayEnvironment(recording, None, SOURCE, runner=None)
-    tasks, _ = env.fully_recorded(load_tasks(suite).tasks)
+    # the rule rewriter: a task counts only with every rule action's row, as in train.py
+    env = ReplayEnvironment(list(recordings), RuleRewriter(), SOURCE, runner=None)
+    tasks, _ = env.fully_recorded([t for source in sources for t in load_tasks(source).tasks])
     env.close()
-    if recording == RECORDING and len(tasks) != ORIGINALS:
-        raise ValueError(f"{recording}: expected {ORIGINALS} fully recorded tasks, found {len(tasks)}")
+    if not tasks:
+        raise ValueError(f"{', '.join(map(str, recordings))}: no task is recorded with every group")
     return tasks
 
 
@@ -164,7 +170,7 @@ def _reward_rows(
 def write_resampled(
     pairs: Sequence[tuple[Any, Any]],
     out: Path,
-    recording: Path = RECORDING,
+    recordings: Sequence[Path] = tuple(RECORDINGS),
     seed: int = 0,
     jitter: float = 0.02,
 ) -> dict[str, int]:
@@ -177,9 +183,9 @@ def write_resampled(
     """
     from autoprofiler.tables import CANDIDATE_SCHEMA, ParquetTable, ProfileTable, RewardTable
 
-    src_profiles = ProfileTable(recording / "profiles")
+    src_profiles = ProfileTable(None, read_from=[r / "profiles" for r in recordings])
     by_task: dict[str, list[dict[str, Any]]] = {}
-    for r in RewardTable(recording / "rewards").records():
+    for r in RewardTable(None, read_from=[r / "rewards" for r in recordings]).records():
         by_task.setdefault(r["task_hash"], []).append(r)
     run_id = f"resampled-n{len(pairs)}-seed{seed}"
     whole = 1 << 30  # flush_every: one part per table, written at the end
@@ -192,7 +198,9 @@ def write_resampled(
     profiles.flush()
     reward_table.flush()
     candidates = ParquetTable(out / "candidates", CANDIDATE_SCHEMA, flush_every=whole, writer="arrow")
-    candidates.extend(ParquetTable(recording / "candidates", CANDIDATE_SCHEMA).records())
+    candidates.extend(
+        ParquetTable(None, CANDIDATE_SCHEMA, read_from=[r / "candidates" for r in recordings]).records()
+    )
     candidates.flush()
     kinds = [r["kind"] for r in reward_table.records()]
     return {

@@ -46,7 +46,7 @@ def test_copies_replay_what_their_originals_replay(resample, originals, tmp_path
     counts = resample.write_resampled(pairs, tmp_path, jitter=0.0, seed=3)
     assert counts["tasks"] == 12 and counts["profile_rows"] == 12 * 10
     copies = ReplayEnvironment(tmp_path, RuleRewriter(), "ncu", runner=None)
-    recording = ReplayEnvironment(resample.RECORDING, RuleRewriter(), "ncu", runner=None)
+    recording = ReplayEnvironment(resample.RECORDINGS, RuleRewriter(), "ncu", runner=None)
     for copy, orig in pairs[:4]:
         assert copy.hash != orig.hash and copy.source.endswith(
             f"# resampled copy {copy.id.rsplit('/', 1)[1]} of {orig.id}\n"
@@ -56,9 +56,10 @@ def test_copies_replay_what_their_originals_replay(resample, originals, tmp_path
             assert (a.action, a.speedup, a.correct) == (b.action, b.speedup, b.correct)
             assert a.key != b.key and a.task_id == copy.id
     assert not set(RewardTable(tmp_path / "rewards").records()[0]) - set(
-        RewardTable(resample.RECORDING / "rewards").records()[0]
+        RewardTable(resample.RECORDINGS[0] / "rewards").records()[0]
     )
-    recorded = {r["key"] for r in ProfileTable(resample.RECORDING / "profiles").records()}
+    profiles = ProfileTable(None, read_from=[r / "profiles" for r in resample.RECORDINGS])
+    recorded = {r["key"] for r in profiles.records()}
     assert not recorded & {r["key"] for r in ProfileTable(tmp_path / "profiles").records()}
 
 
@@ -76,10 +77,11 @@ def test_measure_counts(tmp_path):
     assert learn["oracle"]["tasks"] == 100 and learn["peak_rss_mb"] > 0
     rows = RewardTable(tmp_path / "recording" / "rewards").records()
     assert all(
-        r["task_id"].startswith("resampled/suite/") and r["run_id"] == "resampled-n100-seed0" for r in rows
+        r["task_id"].startswith("resampled/") and r["run_id"] == "resampled-n100-seed0" for r in rows
     )
-    recording = _load("resample_recording").RECORDING
-    source = {(r["task_hash"], r["action"]): r for r in RewardTable(recording / "rewards").records()}
+    recordings = _load("resample_recording").RECORDINGS
+    recorded = RewardTable(None, read_from=[r / "rewards" for r in recordings]).records()
+    source = {(r["task_hash"], r["action"]): r for r in recorded if r["kind"] == "action"}
     tasks = {c.hash: o for c, o in bench.resampled_tasks(bench.original_tasks(), 100, 0)}
     ratios = [
         r["new_ms"] / source[(tasks[r["task_hash"]].hash, r["action"])]["new_ms"]
