@@ -375,11 +375,12 @@ def ops_task_id(data_source, index: int, path: str | Path) -> str:
     return f"{str(data_source or Path(path).stem).strip().replace(' ', '_')}/row{index}"
 
 
-def load_ops_table(path: str | Path, level: int = 1) -> LoadReport:
+def load_ops_table(path: str | Path, level: int | None = None) -> LoadReport:
     """Load an Ops-6K style table: ``.parquet`` or ``.jsonl`` with columns ``code``, ``ops``, ``data_source``.
 
     Row K (0-based) becomes task ``<data_source>/row<K>`` with tags from ``ops`` (a list, or a string
-    holding a list or comma-separated names) and origin ``"<path>#row=K"``. A row whose code is not a
+    holding a list or comma-separated names) and origin ``"<path>#row=K"``. Its level is ``level`` when
+    given, else the code's ``# level: N`` header (as a task file's), else 1. A row whose code is not a
     valid task is an error entry; the other rows still load.
 
     Raises:
@@ -412,7 +413,7 @@ def load_ops_table(path: str | Path, level: int = 1) -> LoadReport:
             Task.from_source(
                 id=ops_task_id(row.get("data_source"), index, path),
                 source=code,
-                level=level,
+                level=level or read_header(code)[0] or 1,
                 tags=_parse_ops(row.get("ops")),
                 origin=origin,
             )

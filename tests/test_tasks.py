@@ -181,6 +181,17 @@ def test_ops_table_ops_as_comma_string_and_bad_json(tmp_path):
         load_ops_table(tmp_path / "t.csv")
 
 
+def test_ops_table_level_from_the_code_header(tmp_path):
+    """A row's level is its code's ``# level: N`` header (a generated chain says 2), else 1; the
+    ``level`` argument overrides both."""
+    code = (FIXTURES / "task_folder" / "good_relu.py").read_text()
+    rows = [{"code": "# level: 2\n" + code, "ops": [], "data_source": "gen"}, {"code": code, "ops": []}]
+    path = tmp_path / "t.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [t.level for t in load_ops_table(path)] == [2, 1]
+    assert [t.level for t in load_ops_table(path, level=3)] == [3, 3]
+
+
 def test_load_tasks_dispatches_on_the_path():
     """load_tasks picks the loader from what the path is."""
     assert [t.id for t in load_tasks(FOLDER / "good_relu.py")] == ["good_relu"]
