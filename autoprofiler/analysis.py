@@ -262,6 +262,7 @@ def task_devices(rows: Sequence[Mapping[str, Any]]) -> dict[str, str]:
         names = seen.setdefault(row["task_hash"], set())
         if row.get("device"):
             names.add(row["device"])
+
     def card(names: set[str]) -> str:
         return next(iter(names)) if len(names) == 1 else ("mixed" if names else "unanswered")
 

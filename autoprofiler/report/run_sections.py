@@ -4,6 +4,7 @@ learning log, the refinement curve and the learned tree."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,41 +48,32 @@ def _policies_section(data: dict[str, Any], out: Path) -> list[str]:
         base=1.0,
     )
     md.append(f"\n![policies]({png.name})\n")
-    by_level = summary_frame(frame, ["policy", "level"]).sort("level", maintain_order=True)
-    levels = by_level["level"].unique().sort().to_list()
-    if len(levels) > 1:
-        wide = by_level.pivot(on="level", index="policy", values=["geomean_speedup", "accuracy"])
-        wide = wide.select(
-            "policy",
-            *[
-                pl.col(f"{v}_{lvl}").alias(f"level {lvl} {name}")
-                for lvl in levels
-                for v, name in (("geomean_speedup", "geomean"), ("accuracy", "accuracy"))
-            ],
-        )
-        md += ["\nPer tier:\n", markdown_table(wide)]
-    md += _per_card(frame)
+    md += _split_table(frame, "level", "Per tier", lambda level, _: f"level {level}")
+    # when the held-out tasks were measured on more than one card (several recordings, unlike GPUs)
+    md += _split_table(
+        frame, "device", "Per card (held-out tasks in parentheses)", lambda card, n: f"{card} ({n})"
+    )
     return md
 
 
-def _per_card(frame: pl.DataFrame) -> list[str]:
-    """Geomean and accuracy per policy on each card's tasks, when the held-out tasks were measured on
-    more than one (a replay of several recordings, a live run over unlike GPUs)."""
-    if frame["device"].drop_nulls().n_unique() < 2:
+def _split_table(frame: pl.DataFrame, key: str, title: str, label: Callable[[Any, int], str]) -> list[str]:
+    """Geomean and accuracy per policy for each value of ``key`` (a column of the outcome frame), two
+    columns per value headed ``label(value, its task count)``; nothing when fewer than two values."""
+    by = summary_frame(frame, ["policy", key]).sort(key, maintain_order=True)
+    values = by[key].drop_nulls().unique().sort().to_list()
+    if len(values) < 2:
         return []
-    by_card = summary_frame(frame, ["policy", "device"])
-    cards = by_card["device"].unique().sort().to_list()
-    tasks = {c: int(by_card.filter(pl.col("device") == c)["tasks"].max()) for c in cards}
-    wide = by_card.pivot(on="device", index="policy", values=["geomean_speedup", "accuracy"])
+    tasks = {v: int(by.filter(pl.col(key) == v)["tasks"].max()) for v in values}
+    wide = by.pivot(on=key, index="policy", values=["geomean_speedup", "accuracy"])
     wide = wide.select(
         "policy",
         *[
-            pl.col(f"{v}_{card}").alias(f"{card} ({tasks[card]}) {name}")
-            for card in cards
-            for v, name in (("geomean_speedup", "geomean"), ("accuracy", "accuracy"))
+            pl.col(f"{metric}_{v}").alias(f"{label(v, tasks[v])} {name}")
+            for v in values
+            for metric, name in (("geomean_speedup", "geomean"), ("accuracy", "accuracy"))
         ],
     )
-    return ["\nPer card (held-out tasks in parentheses):\n", markdown_table(wide)]
+    return [f"\n{title}:\n", markdown_table(wide)]
 
 
 def _learning_section(run: Path) -> list[str]:
