@@ -16,7 +16,7 @@ START=$(date +%s); BUDGET=${SECONDS_LEFT:-480}
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 # One recording per GPU model, so a task's rows all come from one card: an H200 continues
 # datasets/recorded/h200; an H100 records into datasets/recorded/h100 (made here from the H200's
-# selection and settings) the selected tasks the H200 recording holds no row of.
+# selection and settings). Either records only the selected tasks no other card's recording holds a row of.
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case "$GPU" in
   *H200*) REC=datasets/recorded/h200 ;;
@@ -43,11 +43,12 @@ verdicts = read_verdicts("datasets/ops_gen/gpu_verdicts.jsonl")
 ok = {h for (h, stage), row in verdicts.items() if stage == "time" and row["ok"]}
 ids = [ln.split("\t")[0] for ln in (rec / "selection.txt").read_text().splitlines()
        if ln and not ln.startswith("#") and ln.split("\t")[1] in ok]
-h200 = Path("datasets/recorded/h200")
-if rec != h200:  # another card records only tasks the H200 recording holds no row of
-    held = set(ds.dataset(h200 / "profiles", format="parquet", partitioning="hive")
-               .to_table(columns=["task_id"]).column("task_id").to_pylist())
-    ids = [i for i in ids if i not in held]
+held = set()  # a task's rows all come from one card: skip tasks another card's recording holds a row of
+for other in Path("datasets/recorded").glob("*/profiles"):
+    if other.parent != rec:
+        held |= set(ds.dataset(other, format="parquet", partitioning="hive")
+                    .to_table(columns=["task_id"]).column("task_id").to_pylist())
+ids = [i for i in ids if i not in held]
 text = (rec / "record.yaml").read_text().splitlines()
 text = [f"filter: {json.dumps(ids)}" if ln.startswith("filter:") else ln for ln in text]
 Path("/tmp/record_generated.yaml").write_text("\n".join(text) + "\n")
