@@ -54,6 +54,9 @@ text = [f"filter: {json.dumps(ids)}" if ln.startswith("filter:") else ln for ln 
 Path("/tmp/record_generated.yaml").write_text("\n".join(text) + "\n")
 print(f"{len(ids)} selected tasks passed the time filter")
 PY
+# $OUT/rec.tgz: what is recorded, packed every 30 s while the recording runs and once at the end
+source bench/lib_pack.sh
+start_packing "$OUT/rec.tgz" $REC datasets/ops_gen/gpu_verdicts.jsonl datasets/ops_gen/gpu_verdicts.parquet
 BUDGET_REC=$(( $(left) - 45 ))
 if [ "$BUDGET_REC" -gt 60 ]; then
   timeout -k 10 $((BUDGET_REC + 40)) python3 workflows/oracle_sweep.py --config /tmp/record_generated.yaml \
@@ -62,4 +65,4 @@ if [ "$BUDGET_REC" -gt 60 ]; then
 else
   echo "no time left to record"
 fi
-tar czf "$OUT/rec.tgz" --exclude=.timing.lock $REC datasets/ops_gen/gpu_verdicts.jsonl datasets/ops_gen/gpu_verdicts.parquet 2>/dev/null
+finish_packing

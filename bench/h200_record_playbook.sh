@@ -57,6 +57,8 @@ esac
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv > $OUT/r/env_playbook.txt 2>&1
 
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
+source bench/lib_pack.sh   # $OUT/rec.tgz packed every 30 s and at the end: a stopped call loses no part
+start_packing "$OUT/rec.tgz" $REC
 
 stage() {  # stage NAME ACTIONS JOBS EVAL_TIMEOUT [extra args]
   local name=$1 actions=$2 jobs=$3 eval_timeout=$4; shift 4
@@ -81,5 +83,5 @@ all)
   stage autotune compile_max_autotune,compile_coordinate_descent 3 300 ;;
 *) echo "usage: bash bench/h200_record_playbook.sh all|cheap|compile|autotune|loose" >&2; exit 2 ;;
 esac
-tar czf $OUT/rec.tgz --exclude=.timing.lock $REC
+finish_packing
 tar czf $OUT/r.tgz -C $OUT r

@@ -1,0 +1,26 @@
+# Sourced by the recording scripts: pack what a call has recorded into one tarball under $OUT while it
+# runs, so a call the device tool stops at its limit (a cold start leaves less time than the script's
+# budget) still brings back every part written so far.
+#   source bench/lib_pack.sh
+#   start_packing "$OUT/rec.tgz" PATH...    # packs every 30 s (PACK_EVERY) in the background
+#   ...the recording...
+#   finish_packing                          # stops the background packer, packs once more
+# Table parts are written atomically (a hidden .tmp, then a rename), so the pack leaves .tmp files out
+# and holds whole parts only; each pack goes to its own .part file, then is renamed over the tarball.
+pack_now() {  # pack_now TARBALL PATH...
+  local dest=$1; shift
+  local part="$dest.$BASHPID.part"
+  tar czf "$part" --exclude=.timing.lock --exclude='.*.tmp' "$@" 2>/dev/null && mv -f "$part" "$dest"
+}
+start_packing() {  # start_packing TARBALL PATH...
+  PACK_ARGS=("$@")
+  ( while sleep "${PACK_EVERY:-30}"; do pack_now "${PACK_ARGS[@]}"; done ) &
+  PACKER=$!
+  trap stop_packing EXIT
+}
+stop_packing() {
+  [ -n "${PACKER:-}" ] || return 0
+  pkill -P "$PACKER" 2>/dev/null; kill "$PACKER" 2>/dev/null; wait "$PACKER" 2>/dev/null
+  rm -f "${PACK_ARGS[0]}".*.part; PACKER=
+}
+finish_packing() { stop_packing; pack_now "${PACK_ARGS[@]}"; }
