@@ -23,8 +23,10 @@ case "$GPU" in
   *H100*) REC=datasets/recorded/h100 ;;
   *) echo "no recording folder for the GPU '$GPU' (an H200 or an H100 is expected)"; exit 2 ;;
 esac
-if [ ! -f $REC/record.yaml ]; then
+if [ "$REC" != datasets/recorded/h200 ]; then  # one selection for every card: the H200's
   mkdir -p $REC && cp datasets/recorded/h200/selection.txt $REC/
+fi
+if [ ! -f $REC/record.yaml ]; then
   sed "s#^out_dir: .*#out_dir: $REC#; s#^\# The H200 recording#\# The $GPU recording#" \
     datasets/recorded/h200/record.yaml > $REC/record.yaml
 fi

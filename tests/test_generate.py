@@ -260,6 +260,7 @@ def test_make_script_and_gpu_filter_on_cpu(tmp_path):
     rows = [json.loads(line) for line in log.read_text().splitlines()]
     assert [r["stage"] for r in rows] == ["time", "time", "compile"]
     assert all(r["kind"] in ("", "eager_time") for r in rows if r["stage"] == "time")  # CPU small: < 1 ms
+    assert all(r["gpu"] == "" for r in rows if r["stage"] == "time")  # the card that timed it; none here
     assert rows[-1]["ok"] and rows[-1]["max_abs_diff"] == 0.0  # backend eager gives eager's output
     summary = pq.read_table(tmp_path / "v.parquet").to_pylist()
     assert len(summary) == 4 and sum(r["time_ok"] is not None for r in summary) == 2

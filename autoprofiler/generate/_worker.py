@@ -203,6 +203,7 @@ def gpu_time(torch, job: dict) -> dict:
         "eager_min_ms": round(min(seconds) * 1e3, 4),
         "peak_gib": round(peak / 2**30, 4),
         "peak_source": "torch.cuda.max_memory_allocated" if cuda else "ru_maxrss increase",
+        "gpu": torch.cuda.get_device_name(device) if cuda else "",  # the 1-100 ms window is per card
     }
 
 
