@@ -9,8 +9,13 @@
 # and holds whole parts only; each pack goes to its own .part file, then is renamed over the tarball.
 pack_now() {  # pack_now TARBALL PATH...
   local dest=$1; shift
-  local part="$dest.$BASHPID.part"
-  tar czf "$part" --exclude=.timing.lock --exclude='.*.tmp' "$@" 2>/dev/null && mv -f "$part" "$dest"
+  local part="$dest.$BASHPID.part" rc=0 paths=() path
+  for path in "$@"; do [ -e "$path" ] && paths+=("$path"); done  # a path not made yet: not an error
+  [ ${#paths[@]} -gt 0 ] || return 0
+  tar czf "$part" --exclude=.timing.lock --exclude='.*.tmp' "${paths[@]}" 2>/dev/null || rc=$?
+  # GNU tar exits 1 when a file appeared or went while it read (a part renamed in, a merged table's old
+  # parts removed): the archive is whole, and every part in it is a whole part
+  if [ "$rc" -le 1 ]; then mv -f "$part" "$dest"; else rm -f "$part"; fi
 }
 start_packing() {  # start_packing TARBALL PATH...
   PACK_ARGS=("$@")
