@@ -20,7 +20,7 @@ from autoprofiler.environments import (
     derive_configuration_rows,
     record,
 )
-from autoprofiler.evaluation import EvalResult
+from autoprofiler.evaluation import EvalResult, EvaluatorError
 from autoprofiler.profiling.cache import CacheEnvironment
 from autoprofiler.profiling.groups import CONFIGURATIONS, GROUPS
 from autoprofiler.profiling.profile import Profile
@@ -397,6 +397,48 @@ def test_record_in_chunks_finishes_each_chunk_before_the_next(tmp_path):
     spent = LiveEnvironment(BatchProfiler(), RuleRewriter(), ScriptedEvaluator(), tmp_path / "b")
     summary = record(TASKS[:5], spent, groups, chunk=2, max_seconds=0.0)
     assert not summary["complete"] and summary["profile_rows"] == 0 and summary["evaluations"] == 0
+
+
+class CrowdedEvaluator(ScriptedEvaluator):
+    """A ScriptedEvaluator that fails some (task, action) evaluations with ``EvaluatorError`` (the
+    evaluator's fault, as a candidate crowded out of GPU memory) the first ``times[(task, action)]``
+    times they are asked for."""
+
+    def __init__(self, times: dict[tuple[str, str], int]):
+        super().__init__()
+        self.times = dict(times)
+        self.asked: list[tuple[str, str]] = []
+
+    def evaluate(self, task, source):
+        action = re.search(r"action '(\w+)'", source).group(1)
+        self.asked.append((task.hash, action))
+        if self.times.get((task.hash, action), 0) > 0:
+            self.times[(task.hash, action)] -= 1
+            raise EvaluatorError(f"{action}: out of memory at a share other evaluations shrank")
+        return super().evaluate(task, source)
+
+
+def test_record_evaluates_again_what_the_evaluator_failed(tmp_path):
+    """An evaluation the evaluator failed is evaluated again in the same run: together with the other
+    such cells, then alone; a cell failing every time stays a failure (no row), and the next run asks
+    for it again."""
+    groups = list(fx.RECORDED_GROUPS)
+    a, b = TASKS[0].hash, TASKS[1].hash
+    ev = CrowdedEvaluator({(a, "tf32"): 1, (b, "keep"): 2, (b, "cuda_graph"): 3})
+    env = LiveEnvironment(BatchProfiler(), RuleRewriter(), ev, tmp_path)
+    summary = record(TASKS[:2], env, groups, chunk=2)
+    assert ev.asked.count((a, "tf32")) == 2  # failed, then right in the pass of them together
+    assert ev.asked.count((b, "keep")) == 3  # failed, failed together, right alone
+    assert ev.asked.count((b, "cuda_graph")) == 3  # failed every time: once, together, alone
+    assert [(f["task_id"], f["stage"]) for f in summary["failures"]] == [(TASKS[1].id, "action:cuda_graph")]
+    assert not summary["complete"]
+    rows = {(r.task_hash, r.action) for r in RewardTable(tmp_path / "rewards").rows() if r.kind == "action"}
+    assert rows == {(t.hash, x) for t in TASKS[:2] for x in RuleRewriter.actions()} - {(b, "cuda_graph")}
+    env.close()
+    again = CrowdedEvaluator({})
+    resumed = LiveEnvironment(BatchProfiler(), RuleRewriter(), again, tmp_path)
+    assert record(TASKS[:2], resumed, groups, chunk=2)["complete"]
+    assert again.asked == [(b, "cuda_graph")]
 
 
 class SlowBatchProfiler(BatchProfiler):

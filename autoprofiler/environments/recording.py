@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from autoprofiler.cells import Cell, CellFailure
+from autoprofiler.cells import Cell, CellFailure, RewardRow
 from autoprofiler.environments.environment import Environment, configuration_groups
 from autoprofiler.rewriters.base import ActionRewriter
 from autoprofiler.tables import RewardTable
@@ -66,7 +66,8 @@ def record(
     before the next starts, so a stopped run loses at most one batch. Then every (task, seed, action)
     cell goes to the environment's runner in one call (its workers evaluate them in parallel), and each
     fixed configuration's row is derived from the action its rules pick (evaluated then if ``actions``,
-    a subset of the rule actions, left it out).
+    a subset of the rule actions, left it out). Cells the evaluator failed (``evaluator_error``, not the
+    candidate's fault) are evaluated again before the chunk ends: together, then one at a time.
 
     Returns a summary: counts, failures ``[{"task_id", "stage", "error"}]``, seconds, complete.
     """
@@ -126,10 +127,11 @@ def _record_part(
     cells = action_cells(tasks, rewriter, seeds, actions) if isinstance(rewriter, ActionRewriter) else []
     go_on = complete and not budget.out_of_time()  # a chunk whose profiles stopped: its actions wait too
     results = env.try_outcomes(cells, budget.deadline) if cells and go_on else []
+    results = _retry_evaluator_errors(env, cells, results, budget)
     complete = complete and len(results) == len(cells)
     for cell, result in zip(cells, results, strict=False):
         if isinstance(result, CellFailure):
-            complete = complete and result.kind != "not_started"
+            complete = complete and result.kind not in ("not_started", "evaluator_error")  # resume retries
             failures.append(
                 {"task_id": cell.task.id, "stage": f"action:{cell.action}", "error": result.message[:500]}
             )
@@ -156,6 +158,35 @@ def _record_part(
     env.flush()
     actions_done = list(dict.fromkeys(c.action for c in cells))
     return _summary(env, tasks, groups, actions_done, failures, t0, complete and not budget.out_of_time())
+
+
+def _retry_evaluator_errors(
+    env: Environment, cells: Sequence[Cell], results: list, budget: _Budget
+) -> list[RewardRow | CellFailure]:
+    """``results`` with the cells the evaluator failed (``evaluator_error``, not the candidate's fault:
+    most often a candidate crowded out of GPU memory by the other evaluations in flight) evaluated again:
+    first together (only they are in flight, not the whole chunk), then what still fails one at a time,
+    alone on the device. What fails even alone stays a failure, evaluated again by a resumed run."""
+    results = list(results)
+    for alone in (False, True):
+        again = [
+            i for i, r in enumerate(results) if isinstance(r, CellFailure) and r.kind == "evaluator_error"
+        ]
+        if not again or budget.out_of_time():
+            break
+        logger.info(
+            "evaluating %d cells again %s (the evaluator failed them)",
+            len(again),
+            "one at a time" if alone else "together",
+        )
+        for batch in [[i] for i in again] if alone else [again]:
+            if budget.out_of_time():
+                break
+            for i, result in zip(
+                batch, env.try_outcomes([cells[i] for i in batch], budget.deadline), strict=True
+            ):
+                results[i] = result
+    return results
 
 
 def _record_in_chunks(
