@@ -15,13 +15,15 @@ range)
     tests/test_profiling_gpu.py -k range_replay -p no:cacheprovider 2>&1 | tail -20 | tee $OUT/r/range_test.log
   tar czf $OUT/r.tgz -C $OUT r ;;
 record)  # profiles only: every rule action is already recorded for all 45 tasks
+  source bench/lib_pack.sh  # $OUT/rec.tgz packed every 30 s and at the end: a stopped call loses no part
+  start_packing "$OUT/rec.tgz" datasets/h200_suite
   timeout -k 10 ${RECORD_TIMEOUT:-560} python3 workflows/oracle_sweep.py --out datasets/h200_suite --source ncu \
     --device cuda --joint --joint-batch 2 --range-replay-above ${RANGE_ABOVE:-32} \
     --filter rowwise_loop_normalize,swish_chain,tiny_elementwise_chain,attention_block,deep_tiny_mlp,embedding_bag_mlp,gru_cell_loop,lstm_sequence,mlp_block,mobilenet_block_fp16,resnet_basic_block,small_cnn,transformer_block_bf16 \
     --timing-trials 50 --correctness-trials 3 --warmup 5 --jobs 6 --eval-timeout 120 \
     --max-seconds ${RECORD_SECONDS:-420} > $OUT/r/record_e.log 2>&1
   echo "record rc=$?"; grep -v "ncu: profiling:" $OUT/r/record_e.log | grep -v "^\s" | tail -20
-  tar czf $OUT/rec.tgz --exclude=.timing.lock datasets/h200_suite
+  finish_packing
   tar czf $OUT/r.tgz -C $OUT r ;;
 optimize)  # routes on the recorded ncu profiles (their recorded cost), rewrites and evaluates live
   timeout -k 10 560 python3 -m autoprofiler.cli optimize datasets/suite --tree trees/seed.json --source ncu \

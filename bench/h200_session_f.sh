@@ -122,8 +122,8 @@ for step in "$@"; do
     AUTOPROFILER_BENCH_OUT=$H timeout -k 10 $(cap 150) python3 -m pytest -m gpu -rA -v -p no:cacheprovider \
       tests/test_evaluation_gpu.py -k torch_compile > $H/compile_test.log 2>&1
     echo "torch.compile test rc=$?: $(tail -1 $H/compile_test.log)" ;;
-  record)
-    OUT=$H SECONDS_LEFT=$(( $(left) - 20 )) bash bench/h200_record_generated.sh ;;
+  record)  # into $OUT itself, where its rec.tgz is packed every 30 s (s.tgz is made only at the end)
+    OUT=$OUT SECONDS_LEFT=$(( $(left) - 20 )) bash bench/h200_record_generated.sh ;;
   *) echo "unknown step $step" ;;
   esac
 done
