@@ -231,6 +231,9 @@ def analyse(cfg: dict, argv: list[str], tasks: list, out: Path, summary: dict) -
     from autoprofiler.rewriters import RuleRewriter
     from autoprofiler.tables import RewardTable
 
+    if not (out / "profiles").is_dir():  # evaluate_only: the actions' rows, and no profile to route on
+        summarise_actions(out)
+        return
     configs = configurations_for(cfg["source"], cfg["configurations"])
     env = ReplayEnvironment(out, RuleRewriter(**(cfg["rewriter_options"] or {})), cfg["source"])
     recorded = [t for t in tasks if t.hash in env.recorded_tasks()]
@@ -262,6 +265,23 @@ def analyse(cfg: dict, argv: list[str], tasks: list, out: Path, summary: dict) -
         print(f"report: {path}", flush=True)
     except ImportError as exc:  # no matplotlib on the GPU machine: make the report on a CPU
         print(f"no report ({exc}); run: python -m autoprofiler.report {out} --out {report_dir}", flush=True)
+
+
+def summarise_actions(out: Path) -> None:
+    """Per rule action: tasks, correct share and geomean speedup (a recording without profiles)."""
+    import polars as pl
+
+    from autoprofiler.analysis import outcome_frame, reward_frame, summary_frame
+
+    rows = reward_frame(out / "rewards").filter(pl.col("kind") == "action").sort("action")
+    by_action = summary_frame(outcome_frame(rows.to_dicts(), keys=["action"]), by=["action"])
+    print(f"no profiles under {out} (evaluate_only): no oracle analysis; the rule actions:", flush=True)
+    for r in by_action.iter_rows(named=True):
+        print(
+            f"  {r['action']}: {r['tasks']} tasks, {r['accuracy']:.0%} correct, geomean speedup "
+            f"{r['geomean_speedup']:.3f}x",
+            flush=True,
+        )
 
 
 # --- the story ----------------------------------------------------------------------------------------

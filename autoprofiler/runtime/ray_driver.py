@@ -58,18 +58,17 @@ def cluster_gpus() -> int:
     return int(ray.cluster_resources().get("GPU", 0))
 
 
-def _actor_class(worker_class: type, spec: WorkerSpec, num_gpus: float, num_cpus: float | None):
+def _actor_class(worker_class: type, spec: WorkerSpec, num_gpus: float, num_cpus: float):
     import ray
 
-    options: dict[str, Any] = {
-        "num_gpus": num_gpus,
-        "max_restarts": -1,
-        "max_task_retries": 0,
-        "max_concurrency": spec.concurrency,
-    }
-    if num_cpus is not None:
-        options["num_cpus"] = num_cpus
-    return ray.remote(worker_class).options(**options)
+    return ray.remote(worker_class).options(
+        num_gpus=num_gpus,
+        num_cpus=num_cpus,
+        scheduling_strategy="SPREAD",  # over the cluster's nodes, as a held CPU per worker would
+        max_restarts=-1,
+        max_task_retries=0,
+        max_concurrency=spec.concurrency,
+    )
 
 
 class RayDriver:
@@ -114,8 +113,15 @@ class RayDriver:
     ) -> RayDriver:
         """Start ``num_workers`` ``GpuWorker`` actors (default: one per GPU on CUDA, else one).
 
-        Each holds one GPU when ``spec.device`` is CUDA (``num_gpus_per_worker``, default 1), none on CPU.
+        Each holds one GPU when ``spec.device`` is CUDA (``num_gpus_per_worker``, default 1), none on CPU,
+        and ``num_cpus_per_worker`` CPUs (default 0). A worker's own process only hands cells to its
+        sandboxed subprocesses, whose CPU use Ray does not count either way; a CPU held per worker would
+        leave the driver's Ray Data table writes none once there are as many workers as CPUs (two
+        workers on two CPUs: the sweep waited for its first write for ever). Workers are spread over
+        the cluster's nodes.
         """
+        if num_cpus_per_worker is None:
+            num_cpus_per_worker = 0.0
         cuda = spec.device.startswith("cuda")
         if num_gpus_per_worker is None:
             num_gpus_per_worker = 1.0 if cuda else 0.0

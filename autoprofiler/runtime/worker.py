@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -36,7 +37,7 @@ if TYPE_CHECKING:
     from autoprofiler.tasks import Task
     from autoprofiler.tree import ProfilingTree
 
-__all__ = ["CellWorker", "ReplayWorker", "TaskProfiler", "WorkerSpec", "rewriter_for"]
+__all__ = ["CellWorker", "ReplayWorker", "TaskProfiler", "WorkerSpec", "physical_gpu", "rewriter_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -125,9 +126,35 @@ def _build_rewriter(spec: WorkerSpec) -> Rewriter:
     return make_rewriter(spec.rewriter, **options)
 
 
+def physical_gpu(device: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The host's GPU that ``device`` ("cuda", "cuda:N") names in this process; ``None`` for the CPU.
+
+    Ray gives each ``GpuWorker`` actor its own ``CUDA_VISIBLE_DEVICES``, so every actor's "cuda" is
+    its process's GPU 0 and a different GPU of the host. The answer is the ``CUDA_VISIBLE_DEVICES``
+    entry the device's index picks ("gpu1", or the UUID or MIG id the variable gives), "gpu<N>" when
+    the variable is unset: one name per GPU of the host, whichever process asks.
+
+    >>> physical_gpu("cuda", {"CUDA_VISIBLE_DEVICES": "3"})
+    'gpu3'
+    >>> physical_gpu("cuda:1", {"CUDA_VISIBLE_DEVICES": "2,5"})
+    'gpu5'
+    >>> physical_gpu("cuda:1", {}), physical_gpu("cpu", {"CUDA_VISIBLE_DEVICES": "3"})
+    ('gpu1', None)
+    """
+    kind, _, index = device.partition(":")
+    if kind != "cuda":
+        return None
+    n = int(index or 0)
+    environ = os.environ if environ is None else environ
+    visible = [v.strip() for v in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    gpu = visible[n] if n < len(visible) else str(n)
+    return "gpu" + gpu if gpu.isdigit() else re.sub(r"[^A-Za-z0-9-]", "_", gpu)
+
+
 def _host_file(device: str, what: str, suffix: str) -> str:
-    """A file every worker on this host and device shares: ``$TMPDIR/autoprofiler-<what>-<device>.<sfx>``."""
-    safe = device.replace(":", "_")
+    """A file the workers using one device of this host share, whichever process they run in:
+    ``$TMPDIR/autoprofiler-<what>-<gpu or device>.<sfx>`` (one per physical GPU, see ``physical_gpu``)."""
+    safe = physical_gpu(device) or device.replace(":", "_")
     return str(Path(os.environ.get("TMPDIR", "/tmp")) / f"autoprofiler-{what}-{safe}.{suffix}")
 
 
@@ -148,7 +175,9 @@ class CellWorker:
         provenance: Provenance | None = None,
     ):
         self.spec = spec or WorkerSpec()
-        self.name = f"{socket.gethostname()}:{os.getpid()}"
+        # "host:pid", or "host:gpu1:pid" on a GPU: rows of a multi-GPU run say which GPU evaluated them
+        self.gpu = physical_gpu(self.spec.device)
+        self.name = ":".join([socket.gethostname(), *([self.gpu] if self.gpu else []), str(os.getpid())])
         self.rewriter = rewriter if rewriter is not None else _build_rewriter(self.spec)
         self.profiler = profiler if profiler is not None else self._build_profiler()
         self.evaluator = evaluator if evaluator is not None else self._build_evaluator()
@@ -172,8 +201,8 @@ class CellWorker:
 
         s = self.spec
         options = dict(s.eval)
-        # every worker on this host and device, whatever its own concurrency: two one-cell workers on
-        # one device would otherwise time at the same moment
+        # every worker on this host and GPU, whatever its own concurrency: two one-cell workers on one
+        # GPU would otherwise time at the same moment (workers on other GPUs have their own lock)
         options.setdefault("timing_lock", _host_file(s.device, "timing", "lock"))
         # and their memory plans count each other's (concurrent cells on one device would overcommit it)
         options.setdefault("memory_ledger", _host_file(s.device, "memory", "json"))
@@ -279,8 +308,14 @@ class CellWorker:
         return optimize(list(tasks), policy, self.profiler, LocalDriver(worker), self.rewriter, seed)
 
     def info(self) -> dict[str, Any]:
-        """Who this worker is: pid, host, device and provenance (for logs and tests)."""
-        return {"pid": os.getpid(), "name": self.name, "spec": self.spec, "provenance": self.provenance}
+        """Who this worker is: pid, host, GPU (``physical_gpu``), device, provenance (for logs and tests)."""
+        return {
+            "pid": os.getpid(),
+            "name": self.name,
+            "gpu": self.gpu,
+            "spec": self.spec,
+            "provenance": self.provenance,
+        }
 
     def close(self) -> None:
         self.evaluator.close()

@@ -56,7 +56,7 @@ class ServeSettings:
         max_body_bytes: larger request bodies get 413.
         admin: allow ``PUT /tree`` (hot reload over HTTP).
         workers: ``GpuWorker`` actors behind ``/optimize`` (0: a route-only service).
-        worker_cpus: CPUs each worker holds (``None``: Ray's default for actors).
+        worker_cpus: CPUs each worker holds (``None``: none, ``RayDriver.start``'s default).
         device, task_size, eval, rewriter, rewriter_options, llm, profile_cache, concurrency: the
             workers' ``WorkerSpec`` (the profile source is the tree's).
         max_jobs: ``/optimize`` jobs queued or running at once; one more gets 503.

@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Issue 14 on a multi-GPU kind of the device tool (nvidia-h200-x4, or -x2: then --workers 1,2): the oracle
+# sweep's rule actions over 50 tasks (bench/multigpu_gpu.yaml) with 1, 2 and 4 GpuWorker actors, one per
+# GPU. Ray is not installed there and its wheel is larger than one call carries
+# (../shared/reference/ray-on-h200.md), so:
+#   here, once:                     bash bench/multigpu_session.sh wheels      # .whl/ and .whl2/ (git-ignored)
+#   call 1, carry [".whl"]:         bash bench/multigpu_session.sh stash       # the first part into /tmp/w
+#   call 2, carry [".whl2"]:        OUT=$OUT ONLY=1 bash bench/multigpu_session.sh run     # ~5-6 min
+#   call 3 (no carry):              OUT=$OUT ONLY=2,4 bash bench/multigpu_session.sh run   # ~4-5 min
+# Calls 2 and 3 must follow at once (the machine stays warm 30 s): /tmp/w, /tmp/site and the runs
+# (/tmp/mg) live there between calls. Each run call brings back $OUT/mg.tgz (every run so far); here:
+#   mkdir -p bench/results && tar xzf <files_at>/mg.tgz -C bench/results
+#   python bench/multigpu.py --table --workers 1,2,4 --out bench/results/multigpu
+set -uo pipefail
+export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled
+# NVLink multicast stays off in every process (the device's KINDS.md): Ray's workers and the evaluator's
+# sandboxes inherit these (evaluation.workers.PASSTHROUGH_PREFIXES)
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+case ${1:-} in
+wheels)  # here: Ray 2.60 and the few wheels the image lacks, split to fit two calls
+  RW=$(mktemp -d); mkdir -p .whl .whl2
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+    -d "$RW" ray==2.60.0 jsonschema jsonschema-specifications referencing rpds-py || exit 1
+  split -b 40m "$RW"/ray-2.60.0-*.whl .whl/ray.part.
+  mv .whl/ray.part.ab .whl2/ && cp "$RW"/*.whl .whl/ && rm .whl/ray-2.60.0-*.whl
+  ls -la .whl .whl2 ;;
+stash)
+  mkdir -p /tmp/w && cp .whl/* /tmp/w/ && ls /tmp/w && nvidia-smi -L ;;
+run)
+  if [ ! -d /tmp/site/ray ]; then
+    cat /tmp/w/ray.part.aa .whl2/ray.part.ab > /tmp/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl || exit 1
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
+      /tmp/ray-2.60.0-*.whl /tmp/w/*.whl || exit 1
+  fi
+  export PYTHONPATH=/tmp/site:$PWD
+  # Ray and Ray Data (the sweep's table writes) import and write here, before minutes are spent
+  python3 -c "import ray, ray.data; ray.init(num_cpus=2, include_dashboard=False); \
+ray.data.from_items([{'a': 1}]).write_parquet('/tmp/ray_smoke'); print('ray', ray.__version__, 'ok')" \
+    2>&1 | tail -3
+  GPUS=$(nvidia-smi -L | wc -l); echo "GPUs: $GPUS"; nvidia-smi -L
+  WORKERS=1,2,4; [ "$GPUS" -lt 4 ] && WORKERS=1,2
+  timeout -k 10 ${SECONDS_LEFT:-560} python3 bench/multigpu.py --config bench/multigpu_gpu.yaml \
+    --workers $WORKERS --only ${ONLY:-$WORKERS} --out /tmp/mg/multigpu 2>&1 | tail -20
+  echo "bench rc=$?"
+  tail -15 /tmp/mg/multigpu_runs/w*.log
+  # the runs' tables, logs and timings (the candidates' sources stay there)
+  tar czf "$OUT/mg.tgz" -C /tmp/mg --exclude=candidates multigpu_runs ;;
+*)
+  echo "usage: bash bench/multigpu_session.sh wheels|stash|run (see the header)"; exit 2 ;;
+esac
