@@ -13,11 +13,13 @@ import dataclasses
 import functools
 import importlib.metadata
 import os
+import re
 import subprocess
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["Provenance", "detect", "git_state"]
+__all__ = ["Provenance", "detect", "git_state", "physical_gpu", "visible_gpu"]
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -53,6 +55,39 @@ class Provenance:
 
     def replace(self, **changes) -> Provenance:
         return dataclasses.replace(self, **changes)
+
+
+def visible_gpu(device: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """The host's GPU that ``device`` ("cuda", "cuda:N") is in this process, as ``nvidia-smi --id``
+    takes it: the ``CUDA_VISIBLE_DEVICES`` entry the device's index picks (a host index such as "3",
+    or a UUID or MIG id), the index itself when the variable is unset; ``None`` for the CPU.
+
+    Ray gives each ``GpuWorker`` actor its own ``CUDA_VISIBLE_DEVICES``: every actor's "cuda" is its
+    process's GPU 0, and a different GPU of the host. ``nvidia-smi`` ignores the variable.
+
+    >>> visible_gpu("cuda:1", {"CUDA_VISIBLE_DEVICES": "2,5"}), visible_gpu("cuda:1", {})
+    ('5', '1')
+    """
+    kind, _, index = device.partition(":")
+    if kind != "cuda":
+        return None
+    n = int(index or 0)
+    environ = os.environ if environ is None else environ
+    visible = [v.strip() for v in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    return visible[n] if n < len(visible) else str(n)
+
+
+def physical_gpu(device: str, environ: Mapping[str, str] | None = None) -> str | None:
+    """``visible_gpu`` as a name safe in a file name: "gpu3", or the UUID or MIG id with only letters,
+    digits and dashes; one name per GPU of the host, whichever process asks. ``None`` for the CPU.
+
+    >>> physical_gpu("cuda", {}), physical_gpu("cuda", {"CUDA_VISIBLE_DEVICES": "MIG-GPU-8f/1/0"})
+    ('gpu0', 'MIG-GPU-8f_1_0')
+    """
+    gpu = visible_gpu(device, environ)
+    if gpu is None:
+        return None
+    return "gpu" + gpu if gpu.isdigit() else re.sub(r"[^A-Za-z0-9-]", "_", gpu)
 
 
 @functools.cache

@@ -11,8 +11,8 @@ from pathlib import Path
 import polars as pl
 import pytest
 
+from autoprofiler.provenance import physical_gpu, visible_gpu
 from autoprofiler.runtime import CellWorker, WorkerSpec
-from autoprofiler.runtime.worker import physical_gpu
 
 ray = pytest.importorskip("ray")
 from autoprofiler.runtime.ray_driver import RayDriver  # noqa: E402
@@ -41,6 +41,9 @@ def test_physical_gpu_names_the_gpu_of_the_host_whichever_process_asks():
     assert physical_gpu("cuda:2", {"CUDA_VISIBLE_DEVICES": "0"}) == "gpu2"  # past the list: as given
     assert physical_gpu("cuda", {"CUDA_VISIBLE_DEVICES": "GPU-8f2a/x"}) == "GPU-8f2a_x"  # a UUID, file-safe
     assert physical_gpu("cpu", {"CUDA_VISIBLE_DEVICES": "3"}) is None
+    # nvidia-smi --id takes the entry itself (it numbers GPUs by the host, whatever the variable says)
+    assert visible_gpu("cuda", {"CUDA_VISIBLE_DEVICES": "GPU-8f2a"}) == "GPU-8f2a"
+    assert visible_gpu("cuda:1", {"CUDA_VISIBLE_DEVICES": "2,5"}) == "5"
 
 
 def test_workers_on_two_gpus_time_at_once_and_workers_on_one_gpu_take_turns(monkeypatch):

@@ -423,8 +423,14 @@ def ncu_version(ncu_path: str = "ncu") -> str:
 
 
 def gpu_identity(device: str = "cuda") -> tuple[str, str]:
-    """(GPU name, driver version) from nvidia-smi for ``cuda``/``cuda:N``, or ``("unknown", "unknown")``."""
-    index = device.split(":", 1)[1] if ":" in device else "0"
+    """(GPU name, driver version) from nvidia-smi for ``cuda``/``cuda:N``, or ``("unknown", "unknown")``.
+
+    The GPU is the one the device is in this process (``provenance.visible_gpu``: a Ray actor's "cuda"
+    is the GPU Ray gave it, which nvidia-smi, ignoring ``CUDA_VISIBLE_DEVICES``, numbers by the host).
+    """
+    from autoprofiler.provenance import visible_gpu
+
+    index = visible_gpu(device if device.startswith("cuda") else "cuda") or "0"
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return "unknown", "unknown"

@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import socket
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from autoprofiler.cells import CellFailure, RewardRow, WorkItem, run_cell
-from autoprofiler.provenance import Provenance, detect
+from autoprofiler.provenance import Provenance, detect, physical_gpu
 from autoprofiler.rewriters.base import ActionRewriter, Rewriter
 
 if TYPE_CHECKING:
@@ -37,7 +36,7 @@ if TYPE_CHECKING:
     from autoprofiler.tasks import Task
     from autoprofiler.tree import ProfilingTree
 
-__all__ = ["CellWorker", "ReplayWorker", "TaskProfiler", "WorkerSpec", "physical_gpu", "rewriter_for"]
+__all__ = ["CellWorker", "ReplayWorker", "TaskProfiler", "WorkerSpec", "rewriter_for"]
 
 logger = logging.getLogger(__name__)
 
@@ -124,31 +123,6 @@ def _build_rewriter(spec: WorkerSpec) -> Rewriter:
             "client", ChatClient(base_url=spec.llm.get("base_url"), model=spec.llm.get("model"))
         )
     return make_rewriter(spec.rewriter, **options)
-
-
-def physical_gpu(device: str, environ: Mapping[str, str] | None = None) -> str | None:
-    """The host's GPU that ``device`` ("cuda", "cuda:N") names in this process; ``None`` for the CPU.
-
-    Ray gives each ``GpuWorker`` actor its own ``CUDA_VISIBLE_DEVICES``, so every actor's "cuda" is
-    its process's GPU 0 and a different GPU of the host. The answer is the ``CUDA_VISIBLE_DEVICES``
-    entry the device's index picks ("gpu1", or the UUID or MIG id the variable gives), "gpu<N>" when
-    the variable is unset: one name per GPU of the host, whichever process asks.
-
-    >>> physical_gpu("cuda", {"CUDA_VISIBLE_DEVICES": "3"})
-    'gpu3'
-    >>> physical_gpu("cuda:1", {"CUDA_VISIBLE_DEVICES": "2,5"})
-    'gpu5'
-    >>> physical_gpu("cuda:1", {}), physical_gpu("cpu", {"CUDA_VISIBLE_DEVICES": "3"})
-    ('gpu1', None)
-    """
-    kind, _, index = device.partition(":")
-    if kind != "cuda":
-        return None
-    n = int(index or 0)
-    environ = os.environ if environ is None else environ
-    visible = [v.strip() for v in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
-    gpu = visible[n] if n < len(visible) else str(n)
-    return "gpu" + gpu if gpu.isdigit() else re.sub(r"[^A-Za-z0-9-]", "_", gpu)
 
 
 def _host_file(device: str, what: str, suffix: str) -> str:
