@@ -39,10 +39,12 @@ run)
 ray.data.from_items([{'a': 1}]).write_parquet('/tmp/ray_smoke'); print('ray', ray.__version__, 'ok')" \
     2>&1 | tail -3
   GPUS=$(nvidia-smi -L | wc -l); echo "GPUs: $GPUS"; nvidia-smi -L
-  WORKERS=1,2,4; [ "$GPUS" -lt 4 ] && WORKERS=1,2
+  WORKERS=1,2,4; ONLY=${ONLY:-$WORKERS}
+  if [ "$GPUS" -lt 4 ]; then WORKERS=1,2; ONLY=$(echo "$ONLY" | tr , '\n' | grep -vx 4 | paste -sd,); fi
+  [ -n "$ONLY" ] || { echo "nothing to run on $GPUS GPUs"; exit 2; }
   timeout -k 10 ${SECONDS_LEFT:-560} python3 bench/multigpu.py --config bench/multigpu_gpu.yaml \
-    --workers $WORKERS --only ${ONLY:-$WORKERS} --out /tmp/mg/multigpu 2>&1 | tail -20
-  echo "bench rc=$?"
+    --workers $WORKERS --only "$ONLY" --out /tmp/mg/multigpu 2>&1 | tail -20
+  echo "bench rc=${PIPESTATUS[0]}"
   tail -15 /tmp/mg/multigpu_runs/w*.log
   # the runs' tables, logs and timings (the candidates' sources stay there)
   tar czf "$OUT/mg.tgz" -C /tmp/mg --exclude=candidates multigpu_runs ;;
