@@ -49,13 +49,10 @@ def test_physical_gpu_names_the_gpu_of_the_host_whichever_process_asks():
 def test_workers_on_two_gpus_time_at_once_and_workers_on_one_gpu_take_turns(monkeypatch):
     """The timing lock and the memory ledger are per physical GPU: workers on GPUs 0 and 1 each have
     their own (one shared file serialized every GPU's timing and pooled their memory plans), while a
-    worker asking for "cuda:0" with every GPU visible shares GPU 0's with a Ray actor's "cuda"."""
+    worker whose "cuda:1" is GPU 0 shares GPU 0's with a Ray actor's "cuda" there."""
 
-    def host_files(device: str, visible: str | None) -> tuple[str, str]:
-        if visible is None:
-            monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-        else:
-            monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    def host_files(device: str, visible: str) -> tuple[str, str]:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
         worker = CellWorker(WorkerSpec(device=device))
         try:
             return worker.evaluator.config.timing_lock, worker.evaluator.config.memory_ledger
@@ -64,7 +61,7 @@ def test_workers_on_two_gpus_time_at_once_and_workers_on_one_gpu_take_turns(monk
 
     gpu0, gpu1 = host_files("cuda", "0"), host_files("cuda", "1")
     assert gpu0[0] != gpu1[0] and gpu0[1] != gpu1[1]
-    assert host_files("cuda:0", None) == gpu0 == host_files("cuda:1", "1,0")
+    assert host_files("cuda:1", "1,0") == gpu0
     assert all(path.endswith(("-gpu0.lock", "-gpu0.json")) for path in gpu0)
 
 
