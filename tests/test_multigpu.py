@@ -68,7 +68,8 @@ def test_workers_on_two_gpus_time_at_once_and_workers_on_one_gpu_take_turns(monk
 def test_one_gpu_worker_per_gpu_each_on_its_own_and_no_cpu_held(two_gpu_ray):
     """With no worker count, one GpuWorker per GPU of the cluster; Ray gives each its own GPU, its rows
     name it (``host:gpuN:pid``), and the workers hold no CPU: the driver's Ray tasks (its Ray Data table
-    writes) still run on a 2-CPU machine, where a CPU held per worker left them none."""
+    writes) still run on a 2-CPU machine, where a CPU held per worker left them none (an oracle sweep
+    with two workers there waited for its first write for ever)."""
     driver = RayDriver.start(WorkerSpec(device="cuda"), progress=None)
     try:
         infos = driver.info()
@@ -78,6 +79,11 @@ def test_one_gpu_worker_per_gpu_each_on_its_own_and_no_cpu_held(two_gpu_ray):
         assert ray.available_resources().get("GPU", 0) == 0
         assert ray.available_resources().get("CPU", 0) == 2
         assert ray.get(ray.remote(lambda: "ran").remote(), timeout=60) == "ran"
+    finally:
+        driver.close()
+    driver = RayDriver.start(WorkerSpec(device="cpu"), num_workers=2, progress=None)  # CPU workers alike
+    try:
+        assert len(driver.info()) == 2 and ray.available_resources().get("CPU", 0) == 2
     finally:
         driver.close()
     with pytest.raises(RuntimeError, match="need 3 GPUs; the Ray cluster has 2"):

@@ -259,34 +259,26 @@ def test_a_recording_in_one_process_profiles_evaluates_and_analyses(tmp_path):
     assert "rule actions evaluated: channels_last, keep" in (out / "README.md").read_text()
 
 
-def test_evaluate_only_on_two_ray_workers_of_a_two_cpu_machine(tmp_path):
-    """The multi-GPU sweep's path on CPU: evaluate_only through two GpuWorker actors on this 2-CPU machine.
-    The workers hold no CPU, so the driver's Ray Data table writes run (with a CPU held per worker the
-    sweep waited for its first write for ever), and with no profiles the analysis is the actions'
-    summary, not a traceback."""
+def test_evaluate_only_records_the_actions_and_summarises_them(tmp_path):
+    """evaluate_only: the rule actions' rows and no profiles; the analysis, which needs profiles, gives
+    way to each action's summary (it was a traceback)."""
     from autoprofiler.tables import read_table
 
     out = tmp_path / "rec"
     proc = run(
         "oracle_sweep",
         f"out_dir={out}",
-        "filter=[relu, tiny_add]",
+        "filter=[relu]",
         "evaluate_only=true",
         "actions=[keep, channels_last]",
         *TINY_EVAL,
-        "runtime.workers=2",
-        timeout=240,
+        "runtime.ray=false",
+        timeout=180,
     )
     rows = read_table(out / "rewards", "reward").to_pylist()
-    assert sorted((r["task_id"].split("/")[-1], r["action"]) for r in rows) == [
-        ("relu", "channels_last"),
-        ("relu", "keep"),
-        ("tiny_add", "channels_last"),
-        ("tiny_add", "keep"),
-    ]
-    assert len({r["worker"] for r in rows}) == 2  # both workers evaluated
+    assert sorted(r["action"] for r in rows) == ["channels_last", "keep"]
     assert not (out / "profiles").exists()
-    assert "no oracle analysis" in proc.stdout and "  keep: 2 tasks" in proc.stdout
+    assert "no oracle analysis" in proc.stdout and "  keep: 1 tasks" in proc.stdout
 
 
 # --- rule_sweep.py ------------------------------------------------------------------------------------------

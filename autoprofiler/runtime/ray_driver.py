@@ -64,7 +64,7 @@ def _actor_class(worker_class: type, spec: WorkerSpec, num_gpus: float, num_cpus
     return ray.remote(worker_class).options(
         num_gpus=num_gpus,
         num_cpus=num_cpus,
-        scheduling_strategy="SPREAD",  # over the cluster's nodes, as a held CPU per worker would
+        scheduling_strategy="SPREAD",  # workers hold no CPU: spread them over the nodes explicitly
         max_restarts=-1,
         max_task_retries=0,
         max_concurrency=spec.concurrency,
