@@ -91,7 +91,8 @@ def read_rows(out_dir: Path) -> pl.DataFrame:
 
 def _drift(ratios: pl.Series) -> dict[str, float | None]:
     """Median, 90th percentile and largest ``|ratio - 1|`` on the log scale (0.05: 5% apart)."""
-    logs = ratios.drop_nulls().filter(ratios.drop_nulls() > 0).log().abs()
+    ratios = ratios.drop_nulls()
+    logs = ratios.filter(ratios > 0).log().abs()
     if logs.is_empty():
         return {"median": None, "p90": None, "max": None}
     return {
@@ -111,6 +112,8 @@ def agreement(base: pl.DataFrame, other: pl.DataFrame, floor: float = 0.05) -> d
     best, in the other run; ``oracle_base``/``oracle_other``: geometric mean of each task's best.
     """
     import polars as pl
+
+    from autoprofiler.analysis import geomean
 
     both = base.join(other, on="key", suffix="_other", how="inner")
     outcome = (pl.col("correct") == pl.col("correct_other")) & (
@@ -140,10 +143,6 @@ def agreement(base: pl.DataFrame, other: pl.DataFrame, floor: float = 0.05) -> d
             1 + tolerance
         )
 
-    def geomean(tops) -> float | None:
-        tops = [s for _, s in tops]
-        return math.exp(sum(math.log(s) for s in tops) / len(tops)) if tops else None
-
     return {
         "cells": both.height,
         "outcome_agree": int(both.select(outcome.sum()).item() or 0),
@@ -152,8 +151,8 @@ def agreement(base: pl.DataFrame, other: pl.DataFrame, floor: float = 0.05) -> d
         "tolerance": tolerance,
         "tasks": len(b_best),
         "best_agree": int(agree),
-        "oracle_base": geomean(b_best.values()),
-        "oracle_other": geomean(o_best.values()),
+        "oracle_base": geomean(s for _, s in b_best.values()) if b_best else None,
+        "oracle_other": geomean(s for _, s in o_best.values()) if o_best else None,
     }
 
 
@@ -192,11 +191,10 @@ def run_setting(config: Path, workers: int, out_dir: Path, overrides: list[str],
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     wall = time.perf_counter() - t0
     samples = sampler.stop()
-    (out_dir.parent / f"w{workers}.log").write_text(done.stdout + done.stderr)
+    log = out_dir.with_name(out_dir.name + ".log")
+    log.write_text(done.stdout + done.stderr)
     if done.returncode != 0:
-        raise SystemExit(
-            f"the sweep with {workers} worker(s) failed (rc {done.returncode}): see {out_dir}.log"
-        )
+        raise SystemExit(f"the sweep with {workers} worker(s) failed (rc {done.returncode}): see {log}")
     summary = json.loads((out_dir / "summary.json").read_text())
     return {
         "workers": workers,

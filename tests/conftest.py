@@ -39,6 +39,20 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(skip)
 
 
+def init_test_ray(num_gpus: int = 0) -> None:
+    """A local Ray for one test module: 2 CPUs (the CI machine's), ``num_gpus`` logical GPUs (Ray
+    schedules them as real ones), no dashboard, no worker logs, a small object store."""
+    import ray
+
+    ray.init(
+        num_cpus=2,
+        num_gpus=num_gpus,
+        include_dashboard=False,
+        log_to_driver=False,
+        object_store_memory=200 * 2**20,
+    )
+
+
 def load_tiny_task(name: str):
     """The tiny test task ``tests/fault_corpus/tasks/<name>.py`` as a ``Task`` (id ``tests/<name>``)."""
     from autoprofiler.tasks import Task

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import init_test_ray
 
 from autoprofiler.provenance import physical_gpu, visible_gpu
 from autoprofiler.runtime import CellWorker, WorkerSpec
@@ -22,14 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.fixture(scope="module")
 def two_gpu_ray():
-    """A local Ray whose node claims 2 GPUs (Ray schedules logical GPUs the same way as real ones)."""
-    ray.init(
-        num_cpus=2,
-        num_gpus=2,
-        include_dashboard=False,
-        log_to_driver=False,
-        object_store_memory=200 * 2**20,
-    )
+    """A local Ray whose node claims 2 GPUs."""
+    init_test_ray(2)
     yield
     ray.shutdown()
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import REPLAY_FIXTURE, load_replay_fixture, load_tiny_task
+from conftest import REPLAY_FIXTURE, init_test_ray, load_replay_fixture, load_tiny_task
 
 from autoprofiler.cells import Cell, CellFailure, RewardRow, WorkItem
 from autoprofiler.environments import LiveEnvironment, ReplayEnvironment
@@ -31,13 +31,7 @@ SPEC = WorkerSpec(
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(
-        num_cpus=2,
-        num_gpus=0,
-        include_dashboard=False,
-        log_to_driver=False,
-        object_store_memory=200 * 2**20,
-    )
+    init_test_ray()
     yield
     ray.shutdown()
 

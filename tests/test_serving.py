@@ -20,7 +20,7 @@ import time
 
 import pytest
 import yaml
-from conftest import TINY_TASK_DIR, load_tiny_task
+from conftest import TINY_TASK_DIR, init_test_ray, load_tiny_task
 
 from autoprofiler.serving import JobBoard, JobsFull, WorkerLost, settings_from_args
 from autoprofiler.serving.settings import REPO, SettingsError, check_binding
@@ -86,13 +86,7 @@ def _deploy(port: int, main_args: dict, edge_user_config: dict | None = None) ->
 @pytest.fixture(scope="module")
 def service(tmp_path_factory):
     """Ray and Serve on a free loopback port with the ``main`` and ``edge`` apps; yields the base URL."""
-    ray.init(
-        num_cpus=2,
-        num_gpus=0,
-        include_dashboard=False,
-        log_to_driver=False,
-        object_store_memory=200 * 2**20,
-    )
+    init_test_ray()
     port = _free_port()
     serve.start(http_options={"host": "127.0.0.1", "port": port})
     cache = str(tmp_path_factory.mktemp("profile-cache"))
