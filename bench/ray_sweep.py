@@ -26,13 +26,13 @@ import argparse
 import itertools
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))  # multigpu's GpuSampler, beside this file
 
 
 def replay_cells(recording: Path, max_groups: int, source: str):
@@ -65,31 +65,16 @@ def time_replay(recording: Path, cells, workers: int, source: str) -> dict:
     return {"cells": len(cells), "seconds": seconds, "rows": sum(isinstance(r, RewardRow) for r in results)}
 
 
-class GpuSampler:
-    """``nvidia-smi`` utilization every 200 ms in the background; ``stop()`` -> (busy share, mean %)."""
-
-    def __init__(self, enabled: bool):
-        self.proc = None
-        if enabled:
-            self.proc = subprocess.Popen(
-                ["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits", "-lms", "200"],
-                stdout=subprocess.PIPE,
-                text=True,
-            )
-
-    def stop(self) -> dict:
-        if self.proc is None:
-            return {}
-        self.proc.terminate()
-        out, _ = self.proc.communicate()
-        samples = [float(x) for x in out.split() if x.strip().replace(".", "").isdigit()]
-        if not samples:
-            return {"gpu_samples": 0}
-        return {
-            "gpu_samples": len(samples),
-            "gpu_busy_share": sum(s > 0 for s in samples) / len(samples),
-            "gpu_mean_util": sum(samples) / len(samples),
-        }
+def gpu_use(samples: dict[str, list[float]]) -> dict:
+    """``multigpu.GpuSampler``'s samples of every GPU, pooled: count, busy share and mean use (%)."""
+    pooled = [u for util in samples.values() for u in util]
+    if not pooled:
+        return {"gpu_samples": 0} if samples else {}
+    return {
+        "gpu_samples": len(pooled),
+        "gpu_busy_share": sum(u > 0 for u in pooled) / len(pooled),
+        "gpu_mean_util": sum(pooled) / len(pooled),
+    }
 
 
 def live_cells(args):
@@ -130,11 +115,13 @@ def time_live(args, cells, workers: int, out_dir: Path) -> dict:
     else:
         runner = LocalDriver(CellWorker(spec))
     startup = time.perf_counter() - t_start
+    from multigpu import GpuSampler
+
     sampler = GpuSampler(args.gpu_sample)
     t0 = time.perf_counter()
     results = runner.run_cells([WorkItem(c) for c in cells])
     seconds = time.perf_counter() - t0
-    gpu = sampler.stop()
+    gpu = gpu_use(sampler.stop())
     runner.close()
     rows = [r for r in results if isinstance(r, RewardRow)]
     path = out_dir / f"rows_w{workers}_c{args.concurrency}.jsonl"
