@@ -592,6 +592,48 @@ def test_shared_cores_pin_every_thread_of_the_process_and_give_them_back():
         helper.join(5)
 
 
+def test_shared_cores_claimed_by_one_evaluation_at_a_time(tmp_path):
+    """Reference processes timing at once (workers on different GPUs of a host) claim different cores
+    through ``core_claims``; when every allowed core is held, the next one shares and says so; a core
+    is free again once its holder leaves the block."""
+    import subprocess
+    import sys
+
+    allowed = sorted(os.sched_getaffinity(0))
+    if len(allowed) < 2:
+        pytest.skip("needs two CPU cores")
+    holder = (
+        "import sys\n"
+        "from autoprofiler.evaluation import _watch\n"
+        f"with _watch.SharedCores(None, 1, {str(tmp_path)!r}) as c:\n"
+        "    print(c.cpus[0], c.shared, flush=True)\n"
+        "    sys.stdin.readline()\n"
+    )
+    procs = []
+    try:
+        seen = []
+        for _ in range(len(allowed) + 1):
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-c", holder], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+                )
+            )
+            cpu, shared = map(int, procs[-1].stdout.readline().split())
+            seen.append((cpu, shared))
+        held = [cpu for cpu, shared in seen[:-1]]
+        assert sorted(held) == allowed and all(shared == 0 for _, shared in seen[:-1])
+        assert seen[-1][1] == 1  # every core was claimed: this one shares
+        procs[0].communicate("\n", timeout=30)  # the first leaves: its core is free again
+        again = subprocess.run(
+            [sys.executable, "-c", holder], input="\n", capture_output=True, text=True, timeout=30
+        )
+        assert again.stdout.split() == [str(seen[0][0]), "0"]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.communicate("\n", timeout=30)
+
+
 def test_checksum_is_the_same_in_every_memory_layout():
     """Equal values give equal checksums whatever their strides (a channels-last, transposed, expanded or
     sliced tensor against its contiguous copy) and dtype width; a changed element changes it."""

@@ -520,9 +520,11 @@ class Referee:
                 self.details["children_killed"] = self.details.get("children_killed", 0) + killed
             timing = None  # the first attempt's sets go before the second's are made
             timing = Timing(self, ref, get_inputs, warm, calibration, set_base=1000 * attempt)
-            with SharedCores(self.watch, self.timing_cores()) as cores:
+            with SharedCores(self.watch, self.timing_cores(), self.cfg.get("core_claims")) as cores:
                 timing.run()
             self.details["timing_cpus"] = cores.cpus
+            if cores.shared:  # every core was being timed on by another evaluation of the host
+                self.details["timing_cpus_shared"] = cores.shared
             self.phase("checking the timed calls")
             timing.verify()
             try:

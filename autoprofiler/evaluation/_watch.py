@@ -2,7 +2,8 @@
 
 ``ProcessWatch`` reads the kernel's view of the candidate's process and its descendants (``/proc``,
 process CPU clocks): nothing the candidate does in Python changes what it reports. ``SharedCores`` puts
-both processes on the same CPU cores while timing; ``TimingLock`` is the ``timing_lock`` file lock.
+both processes on the same CPU cores while timing (cores other evaluations of the host are not timing
+on); ``TimingLock`` is the ``timing_lock`` file lock.
 Loaded by path beside ``_harness.py`` (standard library only).
 """
 
@@ -165,20 +166,29 @@ class SharedCores:
     """Both processes on the same CPU cores while timing (the reference process's current ones: how many
     is ``EvalConfig.timing_cores``), every thread of each, so neither times on a faster or less loaded
     core than the other and the helper threads of each (CUDA's, the intra-op pool) share the cores
-    as the other's do. The reference process gets its own mask back after."""
+    as the other's do. The reference process gets its own mask back after.
 
-    def __init__(self, watch: ProcessWatch | None, threads: int):
+    ``claims`` (``EvalConfig.core_claims``): a directory in which the reference processes of one host
+    claim the cores they time on (a non-blocking ``flock`` on ``core<N>.lock`` per core), so evaluations
+    timing at once on different GPUs take different cores; ``shared`` counts the cores that had to be
+    taken although another evaluation held them (every allowed core was claimed).
+    """
+
+    def __init__(self, watch: ProcessWatch | None, threads: int, claims: str | None = None):
         self.watch = watch
         self.threads = max(1, threads)
+        self.claims = claims
+        self.held: list = []  # the claim files' open handles, released on exit
         self.saved = None
         self.cpus: list[int] = []
+        self.shared = 0
 
     def __enter__(self):
         try:
             allowed = sorted(os.sched_getaffinity(0))
             here = _current_cpu()
             order = ([here] if here in allowed else []) + [c for c in allowed if c != here]
-            self.cpus = order[: self.threads]
+            self.cpus = self.claim(order) if self.claims else order[: self.threads]
             self.saved = set(allowed)
             pin_threads(os.getpid(), self.cpus)
             if self.watch is not None:
@@ -187,9 +197,36 @@ class SharedCores:
             self.cpus = []
         return self
 
+    def claim(self, order: list[int]) -> list[int]:
+        """The first ``threads`` cores of ``order`` no other evaluation holds, each claimed; topped up
+        with held ones (counted in ``shared``) when too few are free."""
+        import fcntl
+
+        mine: list[int] = []
+        for cpu in order:
+            if len(mine) == self.threads:
+                break
+            try:
+                fh = open(os.path.join(self.claims, f"core{cpu}.lock"), "a")  # noqa: SIM115 - held
+            except OSError:
+                continue
+            try:
+                fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                fh.close()
+                continue
+            self.held.append(fh)
+            mine.append(cpu)
+        extra = [c for c in order if c not in mine][: self.threads - len(mine)]
+        self.shared = len(extra)
+        return mine + extra
+
     def __exit__(self, *exc):
         if self.saved:
             pin_threads(os.getpid(), self.saved)
+        for fh in self.held:  # closing the file releases its flock
+            fh.close()
+        self.held = []
         return False
 
 

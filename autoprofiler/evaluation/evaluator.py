@@ -127,6 +127,12 @@ class Evaluator:
                     os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
                 except OSError as exc:
                     raise EvaluatorError(f"cannot create the {what} {path}: {exc}") from exc
+        claims = self.config.core_claims
+        if claims:
+            try:
+                Path(claims).mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise EvaluatorError(f"cannot create the core claims folder {claims}: {exc}") from exc
         self.spares = spares
         self.startup_timeout_s = startup_timeout_s
         if fork_server is None:  # AUTOPROFILER_EVAL_FORK_SERVER=0 turns it off without code changes
@@ -249,7 +255,8 @@ class Evaluator:
         }
         cand_job = {
             "candidate_source": candidate_source,
-            "config": dict(config, timing_lock=None, memory_ledger=None),  # the reference's files only
+            # the reference's files only
+            "config": dict(config, timing_lock=None, memory_ledger=None, core_claims=None),
         }
         try:
             raw, kind, reason = pair.run(ref_job, cand_job, cfg.timeout_s)

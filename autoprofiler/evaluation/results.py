@@ -84,6 +84,11 @@ class EvalConfig:
             same ones, the reference process's current core first): ``0`` picks one on CUDA (a
             launch-bound model's time is its process's launch speed, which depends on the core) and as
             many as the reference process's intra-op threads on CPU.
+        core_claims: a directory in which the reference processes of this host claim the cores they
+            time on (``flock`` on a file per core), so evaluations timing at once on different GPUs
+            share no core; when every core is claimed, one is shared and ``details["timing_cpus_shared"]``
+            says so. ``CellWorker`` sets one per host; ``None``: each picks its current core, whichever
+            other evaluation times there.
         trace: keep every timed call's milliseconds, block by block, in ``details["trace"]`` (for
             studying the timing's noise: ``bench/eval_throughput.py --trace``).
 
@@ -110,10 +115,12 @@ class EvalConfig:
     memory_budget_gb: float | None = None
     output_transport: str = "auto"
     timing_cores: int = 0
+    core_claims: str | None = None
     trace: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("timing_lock", "memory_ledger"):  # workers run in their own temp dir: absolute paths
+        # workers run in their own temp dir: absolute paths
+        for name in ("timing_lock", "memory_ledger", "core_claims"):
             if getattr(self, name):
                 object.__setattr__(self, name, os.path.abspath(getattr(self, name)))
         problems = []

@@ -180,6 +180,8 @@ class CellWorker:
         options.setdefault("timing_lock", _host_file(s.device, "timing", "lock"))
         # and their memory plans count each other's (concurrent cells on one device would overcommit it)
         options.setdefault("memory_ledger", _host_file(s.device, "memory", "json"))
+        # and workers timing at once on different GPUs of the host time on different CPU cores
+        options.setdefault("core_claims", str(Path(os.environ.get("TMPDIR", "/tmp")) / "autoprofiler-cores"))
         config = EvalConfig(device=s.device, task_size=s.task_size, **options)
         return Evaluator(config, spares=s.concurrency)
 
