@@ -199,6 +199,30 @@ def test_timing_lock_is_held_only_while_timing(evaluator, matmul, tmp_path):
     assert ok.correct, ok.summary()
 
 
+def test_core_claims_give_an_evaluation_a_core_no_other_one_times_on(evaluator, matmul, tmp_path):
+    """With ``core_claims``, the timed cores are ones no other evaluation holds; with every core held
+    elsewhere the evaluation still completes, on shared cores, and says how many."""
+    config = replace(BASE, core_claims=str(tmp_path), timing_cores=1)
+    held = []
+    try:
+        for cpu in sorted(os.sched_getaffinity(0))[1:]:  # all cores but the lowest
+            held.append(open(tmp_path / f"core{cpu}.lock", "a"))  # noqa: SIM115 - held below
+            fcntl.flock(held[-1], fcntl.LOCK_EX)
+        free = evaluator.evaluate(matmul, identity_candidate(matmul.source), config=config)
+        assert free.correct, free.summary()
+        cpus = free.details["timing_cpus"]
+        lowest = min(os.sched_getaffinity(0))
+        assert cpus[0] == lowest and "timing_cpus_shared" not in free.details  # the one free core first
+        held.append(open(tmp_path / f"core{lowest}.lock", "a"))  # noqa: SIM115
+        fcntl.flock(held[-1], fcntl.LOCK_EX)
+        shared = evaluator.evaluate(matmul, identity_candidate(matmul.source), config=config)
+        assert shared.correct, shared.summary()
+        assert shared.details["timing_cpus_shared"] == len(shared.details["timing_cpus"]) >= 1
+    finally:
+        for fh in held:
+            fh.close()
+
+
 def test_unusable_timing_lock_is_the_evaluators_error(evaluator, matmul, tmp_path):
     """A timing lock the worker cannot open is an EvaluatorError (nothing to record), not the candidate's
     runtime_error; a candidate raising the harness's own evaluator_error is classified like any error."""
