@@ -378,6 +378,38 @@ def test_out_of_memory_at_a_share_shrunk_beside_others_is_the_evaluators_error(
         assert "share of 21 GiB" in failure.message and "shrunk from 60 GiB alone" in failure.message
 
 
+@pytest.mark.parametrize("other_evaluation", [True, False])
+def test_a_share_shrunk_by_memory_others_hold_is_judged_against_the_device_alone(tmp_path, other_evaluation):
+    """Other evaluations shrink the candidate's share by what they already hold (the budget sees a
+    quarter of an 80 GiB device free) as much as by what they reserve. With another evaluation in the
+    ledger, an allocation failure at that share is the evaluator's error, judged against the share the
+    whole device would give; with none, the same failure is the candidate's."""
+    import json
+
+    gib = 2**30
+    ledger = role_module("ledger")
+    path = tmp_path / "ledger.json"
+    others = {ledger.process_key(os.getppid()): gib} if other_evaluation else {}  # a live process
+    path.write_text(json.dumps(others))
+    referee = object.__new__(role_module("reference").Referee)  # only the fields the plan reads
+    referee.cfg = {"memory_ledger": str(path), "timeout_s": 60.0}
+    referee.beside, referee.phase_name, referee.built = None, "planning", True
+    sizes = memory.Sizes(
+        inputs=gib, outputs=gib, peak=gib, model=0, compare=0, flush=0, cuda=True, block_outputs=0
+    )
+    budget = memory.Budget(pair=20 * gib, process=None, free=24 * gib, source="free", total=80 * gib)
+    layout, shared = referee.choose_layout(sizes, budget, (5, 3, 1))
+    assert layout is not None and shared.pair == budget.pair  # the ledger shrank nothing more
+    referee.candidate_memory = {"cap_bytes": shared.pair - memory.needs(sizes, layout, 5)[0]}
+    failed = {"op": "failed", "kind": "runtime_error", "error": "timing: OOM", "out_of_memory": True}
+    failure = referee.candidate_failure(failed)
+    if other_evaluation:
+        assert failure.kind == "evaluator_error", failure.message
+        assert "1 other evaluation on the device had shrunk from" in failure.message
+    else:
+        assert failure.kind == "runtime_error", failure.message
+
+
 def test_out_of_memory_while_sending_outputs_says_so():
     """An allocation failing while the candidate's process packs its kept outputs (as it does on a
     crowded device) reaches the reference process marked ``out_of_memory`` with the share it had, like

@@ -236,12 +236,29 @@ def beside(budget: Budget, reserved: int, others: int) -> Budget:
     return replace(budget, pair=min(budget.pair, room), source=source)
 
 
+def alone(budget: Budget, budget_gb: float | None) -> Budget:
+    """``budget`` as it would be with nothing else on the device: ``SAFETY`` x the device's memory
+    (capped by ``memory_budget_gb``), never less than ``budget``. Other evaluations shrink a budget
+    twice: by what they hold (``measure_budget`` sees less free memory) and by what they reserved and
+    have not allocated yet (``beside``); a candidate crowded out by either is judged against this.
+
+    >>> alone(Budget(pair=20 * GIB, process=None, free=24 * GIB, source="", total=80 * GIB), None).pair // GIB
+    68
+    """
+    if not budget.total:
+        return budget
+    pair = int(SAFETY * budget.total)
+    if budget_gb is not None:
+        pair = min(pair, int(float(budget_gb) * GIB))
+    return replace(budget, pair=max(pair, budget.pair))
+
+
 def crowded_out(cap: int | None, alone_cap: int | None, others: int) -> str | None:
     """Why the candidate's process running out of memory at its share ``cap`` is the evaluator's
     fault, or ``None`` when it is the candidate's: the share was smaller than it would have been alone
-    (``alone_cap``) because ``others`` evaluations on the device had reserved memory (``beside``). Alone
-    the candidate might have fitted, so its failure says nothing about it; a later evaluation, with
-    fewer beside it, decides.
+    (``alone_cap``, from ``alone``) because ``others`` evaluations on the device held or had reserved
+    memory. Alone the candidate might have fitted, so its failure says nothing about it; a later
+    evaluation, with fewer beside it, decides (the recording evaluates such cells again, last alone).
 
     >>> crowded_out(21 * GIB, 60 * GIB, 5) is not None, crowded_out(60 * GIB, 60 * GIB, 0)
     (True, None)

@@ -471,9 +471,10 @@ class Referee:
                 if layout is not None:
                     book.reserve(sum(_memory.needs(sizes, layout, counts[0])))
             if layout is not None:
-                if shared.pair < budget.pair:  # what the candidate's share would be without the others
-                    alone = _memory.choose(sizes, budget, *counts) or layout
-                    self.beside = (others, budget.pair - _memory.needs(sizes, alone, counts[0])[0])
+                if others:  # what the candidate's share would be with nothing else on the device
+                    whole = _memory.alone(budget, self.cfg.get("memory_budget_gb"))
+                    alone = _memory.choose(sizes, whole, *counts) or layout
+                    self.beside = (others, whole.pair - _memory.needs(sizes, alone, counts[0])[0])
                 if self.phase_name != previous:
                     self.phase(previous)
                 return layout, shared
