@@ -616,6 +616,35 @@ def test_shared_cores_pin_every_thread_of_the_process_and_give_them_back():
         helper.join(5)
 
 
+@pytest.mark.parametrize("busy_windows, flagged", [(0, False), (1, False), (2, True)])
+def test_quiet_window_flags_a_thread_busy_in_both_looks_only(busy_windows, flagged):
+    """A candidate thread runnable in the first quiet window but not in the second one (an honest pool's
+    spin-wait that had no CPU yet on a loaded host) passes; one runnable in both is ``suspicious``."""
+    from autoprofiler.evaluation import _watch
+    from autoprofiler.evaluation._harness import Failure
+
+    class Watch(_watch.ProcessWatch):
+        looks = 0
+
+        def descendants(self):
+            return []
+
+        def cpu(self, pid=None):  # no CPU used: only the looks decide (this process's own use varies)
+            return 0.0
+
+        def runnable(self, pid):
+            self.looks += 1
+            return [pid] if self.looks <= 3 * busy_windows else []  # three looks per window
+
+    watch = Watch(os.getpid())
+    if flagged:
+        with pytest.raises(Failure, match="kept running"):
+            watch.quiet_window()
+    else:
+        assert watch.quiet_window() == 0
+    assert watch.looks == (6 if busy_windows else 3)
+
+
 def test_shared_cores_claimed_by_one_evaluation_at_a_time(tmp_path):
     """Reference processes timing at once (workers on different GPUs of a host) claim different cores
     through ``core_claims``; when every allowed core is held, the next one shares and says so; a core

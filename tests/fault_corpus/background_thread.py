@@ -2,9 +2,10 @@
 # task: matmul
 # message: thread(s)
 # why: correct, but starts a thread that spins on the GIL so the reference runs slower while timed.
-# (Before timing, the reference process looks at the candidate's threads three times in a 5 ms window
-# while the candidate's process waits for its next request: a thread in state R in two of the looks is
-# a scheduling fact, not a measurement, so it is caught on a loaded machine too. At the end of timing the
+# (Before timing, the reference process looks at the candidate's threads three times in a 5 ms window,
+# and again 100 ms later if that window was busy, while the candidate's process waits for its next
+# request: a thread in state R in two of the looks of both is a scheduling fact, not a measurement, so
+# it is caught on a loaded machine too. At the end of timing the
 # candidate's process also reports threads still executing the candidate's code.)
 import threading
 
