@@ -223,6 +223,15 @@ def test_core_claims_give_an_evaluation_a_core_no_other_one_times_on(evaluator, 
             fh.close()
 
 
+def test_core_claims_folder_is_the_evaluators_users_only(tmp_path):
+    """The claims folder is made (or made again) mode 0700: a candidate, run as another user, cannot
+    reach the cores' lock files to hold every core."""
+    folder = tmp_path / "cores"
+    folder.mkdir(mode=0o755)
+    with Evaluator(replace(BASE, core_claims=str(folder)), spares=0, fork_server=False):
+        assert folder.stat().st_mode & 0o777 == 0o700
+
+
 def test_unusable_timing_lock_is_the_evaluators_error(evaluator, matmul, tmp_path):
     """A timing lock the worker cannot open is an EvaluatorError (nothing to record), not the candidate's
     runtime_error; a candidate raising the harness's own evaluator_error is classified like any error."""

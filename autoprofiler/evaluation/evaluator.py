@@ -128,9 +128,10 @@ class Evaluator:
                 except OSError as exc:
                     raise EvaluatorError(f"cannot create the {what} {path}: {exc}") from exc
         claims = self.config.core_claims
-        if claims:
+        if claims:  # the evaluator's user's only: a candidate (another user) cannot hold its cores' locks
             try:
-                Path(claims).mkdir(parents=True, exist_ok=True)
+                Path(claims).mkdir(mode=0o700, parents=True, exist_ok=True)
+                os.chmod(claims, 0o700)  # one made before, by this user, with another mode
             except OSError as exc:
                 raise EvaluatorError(f"cannot create the core claims folder {claims}: {exc}") from exc
         self.spares = spares
