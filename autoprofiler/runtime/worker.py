@@ -125,11 +125,16 @@ def _build_rewriter(spec: WorkerSpec) -> Rewriter:
     return make_rewriter(spec.rewriter, **options)
 
 
+def _host_path(name: str) -> str:
+    """``$TMPDIR/autoprofiler-<name>``: a path every worker process of this host agrees on."""
+    return str(Path(os.environ.get("TMPDIR", "/tmp")) / f"autoprofiler-{name}")
+
+
 def _host_file(device: str, what: str, suffix: str) -> str:
     """A file the workers using one device of this host share, whichever process they run in:
     ``$TMPDIR/autoprofiler-<what>-<gpu or device>.<sfx>`` (one per physical GPU, see ``physical_gpu``)."""
     safe = physical_gpu(device) or device.replace(":", "_")
-    return str(Path(os.environ.get("TMPDIR", "/tmp")) / f"autoprofiler-{what}-{safe}.{suffix}")
+    return _host_path(f"{what}-{safe}.{suffix}")
 
 
 class CellWorker:
@@ -181,7 +186,7 @@ class CellWorker:
         # and their memory plans count each other's (concurrent cells on one device would overcommit it)
         options.setdefault("memory_ledger", _host_file(s.device, "memory", "json"))
         # and workers timing at once on different GPUs of the host time on different CPU cores
-        options.setdefault("core_claims", str(Path(os.environ.get("TMPDIR", "/tmp")) / "autoprofiler-cores"))
+        options.setdefault("core_claims", _host_path("cores"))
         config = EvalConfig(device=s.device, task_size=s.task_size, **options)
         return Evaluator(config, spares=s.concurrency)
 
