@@ -7,6 +7,8 @@
 # 2. workflows/oracle_sweep.py with datasets/recorded/h200/record.yaml, its filter narrowed to the tasks
 #    that passed, --resume: 16 tasks at a time (`chunk`), every ncu group in its own profiled process per chunk
 #    (passes measured per group), then the rule actions of those tasks; stops starting work at the budget.
+# DROP_ERROR="out of memory": first drop this card's reward rows whose error contains it (an evaluator
+# fault since fixed), so step 2 evaluates them again; run bench/drop_reward_rows.py the same way here.
 # Then here: unpack $OUT/rec.tgz over the repo root (datasets/recorded/<card>, datasets/ops_gen/gpu_verdicts.*)
 # and commit before the next call.
 set -u
@@ -31,6 +33,9 @@ if [ ! -f $REC/record.yaml ]; then
     datasets/recorded/h200/record.yaml > $REC/record.yaml
 fi
 echo "GPU $GPU: recording into $REC"
+if [ -n "${DROP_ERROR:-}" ] && [ -d $REC/rewards ]; then
+  python3 bench/drop_reward_rows.py $REC/rewards --error-contains "$DROP_ERROR" | tail -3
+fi
 FILTER_S=${FILTER_SECONDS:-90}
 timeout -k 5 $((FILTER_S + 30)) python3 datasets/ops_gen/filter_gpu.py --stage time --device cuda \
   --only $REC/selection.txt --max-seconds "$FILTER_S" --timeout 60 > "$OUT/filter_time.log" 2>&1
