@@ -12,6 +12,12 @@ after that long. The evaluation settings default to those of the recorded rule a
 trials, 3 correctness trials, 5 warm-up calls); ``--atol``/``--rtol`` evaluate at another tolerance,
 which the reward key does not carry, so such rows must go to another ``--recording`` folder.
 
+``--reachable REPORT.json`` (a ``bench/rewriter_reachability.py`` report of the same recording) evaluates
+only the cells a rewriter can reach: a (task, action) pair is evaluated when ``--reachable-by`` (default
+``playbook-v1``) decides that action for the task under at least one of the 1,024 group subsets. That is
+every outcome a replay of that rewriter asks for, whatever the tree shows it; the per-task best over all
+actions then lacks the unreachable ones. Tasks the report does not list get no cell.
+
 Prints one line per evaluation and a summary; writes ``<recording>/playbook_record_summary.json``.
 """
 
@@ -48,7 +54,38 @@ def parse(argv) -> argparse.Namespace:
     p.add_argument("--atol", type=float, default=None)
     p.add_argument("--rtol", type=float, default=None)
     p.add_argument("--max-seconds", type=float, default=None)
+    p.add_argument("--reachable", default=None, help="rewriter_reachability.py report: reachable cells only")
+    p.add_argument("--reachable-by", default="playbook-v1", help="the report's rewriter whose reach counts")
     return p.parse_args(argv)
+
+
+def reachable_actions(report: str | Path, rewriter: str) -> dict[str, set[str]]:
+    """``task id -> actions`` that ``rewriter`` decides under some group subset, from a reachability report.
+
+    Raises ValueError (one line) when the file is not such a report or lacks ``rewriter``.
+    """
+    try:
+        data = json.loads(Path(report).read_text())
+        results = {r["rewriter"]: r for r in data["results"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"--reachable: {report} is not a rewriter_reachability.py report ({exc})") from None
+    if rewriter not in results:
+        raise ValueError(f"--reachable-by: {rewriter!r} is not in {report} (it has {', '.join(results)})")
+    return {t["task"]: set(t["reachable"]) for t in results[rewriter]["per_task"]}
+
+
+def plan_cells(task_ids: list[str], actions: list[str], reach: dict[str, set[str]] | None) -> dict:
+    """``tuple of actions -> task ids``: the cells to evaluate, tasks grouped by the actions they need.
+
+    Without ``reach`` every task needs every action (one group); with it, a task needs the ``actions``
+    it can reach, in catalog order, and a task that needs none is left out.
+    """
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for task_id in task_ids:
+        wanted = tuple(a for a in actions if reach is None or a in reach.get(task_id, ()))
+        if wanted:
+            groups.setdefault(wanted, []).append(task_id)
+    return groups
 
 
 def problems(args: argparse.Namespace) -> list[str]:
@@ -61,6 +98,11 @@ def problems(args: argparse.Namespace) -> list[str]:
         out.append(f"--jobs: expected an integer >= 1, got {args.jobs}")
     if not Path(args.tasks).exists():
         out.append(f"--tasks: {args.tasks} does not exist")
+    if args.reachable is not None:
+        try:
+            reachable_actions(args.reachable, args.reachable_by)
+        except ValueError as exc:
+            out.append(str(exc))
     return out
 
 
@@ -106,13 +148,24 @@ def main(argv=None) -> int:
         print(f"error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 3
     env = LiveEnvironment(rewriter=rewriter, table_dir=args.recording, runner=runner, source=args.source)
+    reach = reachable_actions(args.reachable, args.reachable_by) if args.reachable else None
+    by_id = {t.id: t for t in tasks}
+    cells = plan_cells(list(by_id), actions, reach)
+    wanted = {(by_id[i].hash, a) for needed, ids in cells.items() for i in ids for a in needed}
     started = time.monotonic()
+    summary = {"evaluations": 0, "failures": [], "complete": True}
     try:
-        summary = record(tasks, env, [], {}, actions=actions, max_seconds=args.max_seconds)
+        for needed, ids in cells.items():  # one record() per set of needed actions, within one budget
+            left = None if args.max_seconds is None else args.max_seconds - (time.monotonic() - started)
+            if left is not None and left <= 0:
+                summary["complete"] = False
+                break
+            part = record([by_id[i] for i in ids], env, [], {}, actions=list(needed), max_seconds=left)
+            failures = summary["failures"] + part["failures"]
+            summary = {**part, "failures": failures, "complete": summary["complete"] and part["complete"]}
         summary["provenance"] = env.runner_provenance().as_row()
     finally:
         env.close()
-    wanted = {(t.hash, a) for t in tasks for a in actions}
     rows = [r for r in env.rewards.rows() if r.kind == "action" and (r.task_hash, r.action) in wanted]
     for r in sorted(rows, key=lambda r: (r.action, r.task_id)):
         speed = f"{r.speedup:.3f}x" if r.speedup else "-"
@@ -121,6 +174,7 @@ def main(argv=None) -> int:
         )
     summary.update(
         actions=actions,
+        reachable=args.reachable and f"{args.reachable} ({args.reachable_by})",
         evaluated_now=summary["evaluations"],
         rows_for_these_actions=len(rows),
         expected=len(wanted),
@@ -129,10 +183,10 @@ def main(argv=None) -> int:
     Path(args.recording, "playbook_record_summary.json").write_text(
         json.dumps(summary, indent=1, default=str)
     )
+    scope = "reachable cells" if reach is not None else f"{len(actions)} action(s) x {len(tasks)} task(s)"
     print(
-        f"rows for {len(actions)} action(s) x {len(tasks)} task(s): {len(rows)}/{len(wanted)}; evaluated "
-        f"now: {summary['evaluations']}; failures: {len(summary['failures'])}; "
-        f"complete: {summary['complete']}",
+        f"rows for {scope}: {len(rows)}/{len(wanted)}; evaluated now: {summary['evaluations']}; "
+        f"failures: {len(summary['failures'])}; complete: {summary['complete']}",
         flush=True,
     )
     if len(rows) < len(wanted):

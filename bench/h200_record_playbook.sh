@@ -3,7 +3,9 @@
 # evaluation settings of the recorded rule actions (50 timing, 3 correctness trials, 5 warm-up), added to
 # a recording: TARGET=suite (the default) the 45 suite tasks of datasets/h200_suite; TARGET=generated the
 # generated tasks of datasets/recorded/h200 (datasets/recorded/h100 on an H100) that have every ncu group
-# profiled (issue 11). From the repo
+# profiled (issue 11), only the cells playbook-v1 can reach (`--reachable`, from the card's committed
+# report bench/results/rewriter_reachability_<card>.json: rerun bench/rewriter_reachability.py there when
+# the recording grows; a task the report lacks gets no cell). From the repo
 # root:
 #   OUT=/tmp/out bash bench/h200_record_playbook.sh all       # the stages below in order, ~8 min in all
 #   OUT=/tmp/out bash bench/h200_record_playbook.sh cheap     # sdpa, cudnn_benchmark, autocast_fp16/bf16
@@ -51,7 +53,10 @@ PY
 )
   [ -n "$IDS" ] || { echo "no generated task has every group profiled yet" >&2; exit 2; }
   echo "generated tasks with every group: $(echo "$IDS" | tr ',' '\n' | wc -l)"
-  COMMON="$COMMON --recording $REC --tasks datasets/ops_gen/tasks.parquet --filter $IDS" ;;
+  COMMON="$COMMON --recording $REC --tasks datasets/ops_gen/tasks.parquet --filter $IDS"
+  REACH=bench/results/rewriter_reachability_$CARD.json
+  [ -f "$REACH" ] || { echo "TARGET=generated: no reachability report $REACH" >&2; exit 2; }
+  COMMON="$COMMON --reachable $REACH" ;;
 *) echo "TARGET: expected suite or generated, got ${TARGET}" >&2; exit 2 ;;
 esac
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv > $OUT/r/env_playbook.txt 2>&1

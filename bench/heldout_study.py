@@ -8,8 +8,9 @@ configuration, the seed tree and the oracle, and the best configuration limited 
    other task recorded with every group is held out. playbook-v1's thresholds and experience-v1's fit
    used tuning tasks only (checked here for experience-v1: its training hashes are all tuning
    hashes), and everything this script fits or chooses (the learned trees, the best static
-   configuration, the best k-group subsets) sees training tasks only. rule-v2 was written with the
-   whole recording in view: in-sample on both sides.
+   configuration, the best k-group subsets) sees training tasks only. rule-v2 was written with all of
+   ``datasets/h200_suite`` in view: in-sample on both sides there, out of sample on any other recording
+   (``in_sample_note``).
 2. Per rewriter (rule-v2, playbook-v1, experience-v1), through one ``ReplayEnvironment`` each: the
    outcome of every (task, subset of the 10 ncu groups) cell (1,024 per task: the rewriter decides from
    the recorded profile restricted to the subset, and the recorded outcome of that action answers; an
@@ -28,9 +29,10 @@ configuration, the seed tree and the oracle, and the best configuration limited 
    ties, with their range); the mean k-subset; the held-out per-task oracle within k groups; the best
    k-subset chosen on the held-out tasks themselves (an in-sample ceiling, analysis only).
 4. Cross-fitted (leave one held-out task out): the learner, the best static configuration and the best
-   k-subsets chosen on all other study tasks (the 9 training tasks and the other held-out ones, which
-   no rewriter but rule-v2 saw), scored on the one left out; pooled over the held-out tasks. More
-   training tasks for the learner, each held-out task still unseen by what scores it.
+   k-subsets chosen on all other study tasks (the training tasks and the other held-out ones, which
+   no rewriter but rule-v2 on its own recording saw), scored on the one left out; pooled over the
+   held-out tasks. More training tasks for the learner, each held-out task still unseen by what
+   scores it.
 
 Writes ``<out>.md`` and ``<out>.json`` and prints the Markdown (``bench/heldout_study_md.py``).
 """
@@ -72,6 +74,7 @@ from autoprofiler.policies import Blind, Random, Static, TreePolicy  # noqa: E40
 from autoprofiler.profiling import CONFIGURATIONS, GROUPS  # noqa: E402
 from autoprofiler.rewriters import ExperienceRewriter, PlaybookRewriter, RuleRewriter  # noqa: E402
 from autoprofiler.rewriters.split import is_tuning_task  # noqa: E402
+from autoprofiler.tables import RewardTable  # noqa: E402
 from autoprofiler.tasks import load_tasks  # noqa: E402
 from autoprofiler.tree import load_tree  # noqa: E402
 from bench.heldout_study_md import markdown  # noqa: E402
@@ -87,6 +90,8 @@ LEARNED = tuple(
     for objective in ("reward", "log_speedup")
     for control, fraction in (("run", 0.5), ("decision", 0.5), ("decision", 0.0))
 )
+#: The recording rule-v2's rules and playbook-v1's thresholds were written on: in-sample only there.
+DESIGNED_ON = "h200_suite"
 IN_SAMPLE = {
     "rule-v2": "in-sample everywhere: its 16 rules were written with the whole recording in view",
     "playbook-v1": "held-out tasks unseen: thresholds set on the tuning split only, frozen before any "
@@ -94,6 +99,19 @@ IN_SAMPLE = {
     "experience-v1": "held-out tasks unseen: fitted on the tuning split's rows only; on a training task "
     "its nearest neighbour is the task itself, so its training-side numbers are in-sample",
 }
+OUT_OF_SAMPLE = {  # another recording: its tasks were never in view when rule-v2 or playbook-v1 was written
+    "rule-v2": f"out of sample: its 16 rules were written on `datasets/{DESIGNED_ON}`, not on these tasks",
+    "playbook-v1": f"out of sample: thresholds set on `datasets/{DESIGNED_ON}`'s tuning split, not on "
+    "these tasks",
+    "experience-v1": IN_SAMPLE["experience-v1"],
+}
+
+
+def in_sample_note(name: str, recording: Path) -> str:
+    """How ``name``'s held-out numbers stand on ``recording``: in-sample only on the one it was written on."""
+    return (IN_SAMPLE if recording.resolve().name == DESIGNED_ON else OUT_OF_SAMPLE)[name]
+
+
 KS_COMPARED = ((8, 2), (8, 4), (4, 2), (10, 4))
 ORACLE = "oracle (4 configurations)"
 MAX_LISTED = 5  # tied subsets listed in the JSON (their count is always given)
@@ -388,14 +406,22 @@ def metric_count(matrix: SubsetMatrix, train: list[int], held: list[int], object
 
 def oracle_all(matrix: SubsetMatrix, held: list[int], objective: str, args) -> dict:
     """Held-out per-task oracle over all subsets (analysis only; over answered cells: a lower bound
-    where some are unanswered)."""
+    where some are unanswered), on the held-out tasks with at least one answered cell (``tasks``)."""
     values = matrix.values(objective)[held]
     answered = ~np.isnan(values)
-    best = np.where(answered, values, -np.inf).max(axis=1)
+    some = answered.any(axis=1)
+    best = np.where(answered, values, -np.inf).max(axis=1)[some]
     return {
         **scaled(bootstrap_mean(best.tolist(), args.bootstrap, args.seed), objective),
         "cells_answered": float(answered.mean()),
+        "tasks": int(some.sum()),
     }
+
+
+def devices_of(recording: Path) -> list[str]:
+    """The devices that measured the recording's action rows."""
+    rows = RewardTable(recording / "rewards").rows()
+    return sorted({r.device or "unknown device" for r in rows if r.kind == "action"})
 
 
 # --- leave one held-out task out ---------------------------------------------------------------------------
@@ -501,7 +527,7 @@ def study_rewriter(name: str, rewriter, recording: Path, tasks, split, seed_tree
     result: dict = {
         "rewriter": name,
         "identity": rewriter.identity,
-        "in_sample": IN_SAMPLE[name],
+        "in_sample": in_sample_note(name, recording),
         "learner_train_tasks": fit,
         "learnable_held_out": [t for t in split.held_out if t in learnable],
         "learned": learned,
@@ -649,6 +675,8 @@ def main(argv: list[str] | None = None) -> int:
             study_rewriter(name, rewriters[name](), recording, tasks, split, seed_tree, groups, args)
         )
     meta = {
+        "designed_on_this": recording.resolve().name == DESIGNED_ON,
+        "devices": devices_of(recording),
         "command": "python bench/heldout_study.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "recording": str(args.recording),
         "split": split.as_dict(),

@@ -265,13 +265,13 @@ def header_lines(results: list[dict], meta: dict) -> list[str]:
         f"# Held-out study on `{meta['recording']}` (replay, CPU)",
         "",
         f"`{meta['command']}` ({meta['seconds']:.0f} s on this CPU; bootstrap {meta['bootstrap']} resamples, "
-        f"seed {meta['seed']}; random: {meta['random_seeds']} seeds averaged per task). Outcomes: the H200 "
-        "effective speedups of the recording's `rule-v1` action rows (keep, torch_compile, cuda_graph, tf32, "
-        "channels_last), one measurement per (task, action): sub-millisecond tasks move by 10-25% between "
-        "runs (`datasets/h200_suite/HISTORY.md`). A cell is the action the rewriter chooses when shown the "
-        "policy's groups of the recorded profile, answered by that action's recorded outcome; a choice "
-        "of one of the playbook's eight new actions has no outcome (not recorded on the H200 yet) and is "
-        "reported as coverage, never given a value.",
+        f"seed {meta['seed']}; random: {meta['random_seeds']} seeds averaged per task). Outcomes: the "
+        f"effective speedups of the recording's `rule-v1` action rows "
+        f"({', '.join(meta.get('devices') or ['H200'])}), one measurement per (task, action): "
+        "sub-millisecond tasks move by 10-25% between runs (`datasets/h200_suite/HISTORY.md`). A cell is "
+        "the action the rewriter chooses when shown the policy's groups of the recorded profile, answered by "
+        "that action's recorded outcome; a choice of an action the recording has no row of is reported as "
+        "coverage, never given a value.",
         "",
         "## The split (fixed first, from task content hashes alone)",
         "",
@@ -285,9 +285,19 @@ def header_lines(results: list[dict], meta: dict) -> list[str]:
         "",
         "| rewriter | designed / fitted on | its held-out numbers are |",
         "| --- | --- | --- |",
-        "| rule-v2 | the whole recording (all 45 tasks' outcomes in view) | **in-sample** |",
-        "| playbook-v1 | thresholds from the tuning split (14 tasks, 9 here), frozen before any held-out run "
-        "| out of sample |",
+        *(
+            [
+                "| rule-v2 | the whole recording (all 45 tasks' outcomes in view) | **in-sample** |",
+                "| playbook-v1 | thresholds from the tuning split (14 tasks, 9 here), frozen before any "
+                "held-out run | out of sample |",
+            ]
+            if meta.get("designed_on_this", True)
+            else [
+                "| rule-v2 | `datasets/h200_suite` (none of these tasks) | out of sample |",
+                "| playbook-v1 | `datasets/h200_suite`'s tuning split (none of these tasks) "
+                "| out of sample |",
+            ]
+        ),
         f"| experience-v1 | the tuning split's rows ({meta['experience_train']} tasks; checked: all tuning) "
         "| out of sample (training-side numbers in-sample) |",
         "",
@@ -297,10 +307,10 @@ def header_lines(results: list[dict], meta: dict) -> list[str]:
         "subsets scored on different tasks would not be a fair choice; which tasks these are depends on "
         f"the actions a rewriter chooses, not on outcomes): {learners}. The learner is `Learner` with "
         f"`StatisticalProposer` and train.yaml's `learn` settings {json.dumps(meta['learn'])}, objective, "
-        "error control and selection fraction varied. `workflows/train.py`'s own split (by task id, 21/11 "
-        "here) is not used: its training side holds tasks held out here. **Small n**: 9 training tasks "
-        f"(which the learner halves again into proposal and acceptance tasks) and {n_held} held-out tasks, "
-        "so the intervals are wide; the cross-fitted section fits on up to 31 tasks per held-out task.",
+        "error control and selection fraction varied. `workflows/train.py`'s own split (by task id) is not "
+        f"used: its training side holds tasks held out here. {n_train} training tasks (which the learner "
+        f"halves again into proposal and acceptance tasks) and {n_held} held-out tasks; the cross-fitted "
+        f"section fits on up to {n_train + n_held - 1} tasks per held-out task.",
     ]
 
 
@@ -368,7 +378,8 @@ def rewriter_lines(r: dict, meta: dict, n_train: int, n_held: int) -> list[str]:
             + "; "
             + compare_text(mc["compare_oracle"], objective, "oracle within k")
             + f". Oracle over all 1,024 subsets, held out: {fmt_iv(o['oracle_all_subsets'])} (cells answered "
-            f"{o['oracle_all_subsets']['cells_answered']:.3f}).",
+            f"{o['oracle_all_subsets']['cells_answered']:.3f}; over the "
+            f"{o['oracle_all_subsets'].get('tasks', '?')} held-out tasks with one answered).",
             "",
         ]
     lines += [

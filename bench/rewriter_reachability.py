@@ -9,7 +9,7 @@ the tuning split) and each task recorded with every group: the decision under ea
 - reachable actions per task (their distribution), and the tasks where subsets differ at all;
 - which groups change at least one decision: a group changes one when adding it to some subset that lacks
   it changes the action chosen for some task (counted as (task, subset) pairs);
-- where the chosen action has a recorded outcome (the five rule-v1 actions have H200 rows), the geomean
+- where the chosen action has a recorded outcome (an action row of the recording), the geomean
   effective speedup of: blind, the best static configuration, the per-task oracle over the 4 fixed
   configurations and over all subsets, by split (``autoprofiler.rewriters.split``: tuning / held out).
   An action without a recorded outcome is not given one: such subsets are left out of the oracle (its
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 from autoprofiler.environments import ReplayEnvironment  # noqa: E402
 from autoprofiler.profiling import CONFIGURATIONS, GROUPS  # noqa: E402
 from autoprofiler.rewriters import ExperienceRewriter, PlaybookRewriter, RuleRewriter  # noqa: E402
-from autoprofiler.rewriters.actions import ACTIONS_VERSION  # noqa: E402
+from autoprofiler.rewriters.actions import ACTIONS, ACTIONS_VERSION  # noqa: E402
 from autoprofiler.rewriters.split import split_name  # noqa: E402
 from autoprofiler.tables import RewardTable  # noqa: E402
 from autoprofiler.tasks import load_tasks  # noqa: E402
@@ -60,13 +60,15 @@ def group_influence(decided: dict[frozenset[str], str], groups: list[str]) -> di
     return {g: sum(decided[s] != decided[s | {g}] for s in decided if g not in s) for g in groups}
 
 
-def action_outcomes(recording: Path) -> dict[tuple[str, str], float]:
-    """``(task hash, action) -> effective speedup`` of the recording's rule-v1 action rows (seed 0)."""
-    out = {}
+def action_outcomes(recording: Path) -> tuple[dict[tuple[str, str], float], list[str]]:
+    """``(task hash, action) -> effective speedup`` of the recording's rule-v1 action rows (seed 0), and
+    the devices that measured them."""
+    out, devices = {}, set()
     for row in RewardTable(recording / "rewards").rows():
         if row.kind == "action" and row.rewriter == ACTIONS_VERSION and not row.seed and not row.round:
             out[(row.task_hash, row.action)] = float(row.effective_speedup)
-    return out
+            devices.add(row.device or "unknown device")
+    return out, sorted(devices)
 
 
 def geomean(values: list[float]) -> float | None:
@@ -170,15 +172,17 @@ def markdown(results: list[dict], with_outcomes: list[dict], meta: dict, groups:
         f"`{meta['command']}` ({meta['seconds']:.0f} s on this CPU). Tasks recorded with every group: "
         f"{meta['tasks']} ({meta['tuning']} tuning, {meta['held_out']} held out, by "
         "`autoprofiler.rewriters.split`); subsets: "
-        f"{meta['subsets']} (the empty one is blind). Outcomes are the H200 effective speedups of the "
-        f"recording's `{ACTIONS_VERSION}` action rows (keep, torch_compile, cuda_graph, tf32, "
-        "channels_last, evaluated at the evaluator's default tolerance); the eight new playbook actions "
-        "have **no H200 outcome yet** (`bench/h200_record_playbook.sh` records them), so a subset whose "
-        "decision is one of them has no outcome here.",
+        f"{meta['subsets']} (the empty one is blind). Outcomes are the effective speedups of the "
+        f"recording's `{ACTIONS_VERSION}` action rows ({', '.join(meta['devices']) or 'none'}; evaluated at "
+        f"the evaluator's default tolerance), for the actions {', '.join(meta['actions_recorded'])}; "
+        f"{'the actions ' + ', '.join(meta['actions_unrecorded']) if meta['actions_unrecorded'] else 'none'} "
+        "have no row here (`bench/h200_record_playbook.sh` records them), so a subset whose decision is one "
+        "of them has no outcome.",
         "",
-        "In-sample notes: rule-v2 was written with this whole recording in view; playbook-v1's thresholds "
-        "were set on the tuning split only (held-out outcomes unseen); experience-v1 is fitted on the "
-        "tuning split, so on tuning tasks its nearest neighbour is the task itself.",
+        "In-sample notes: rule-v2 was written with `datasets/h200_suite` in view; playbook-v1's thresholds "
+        "were set on that recording's tuning split only (its held-out outcomes unseen); experience-v1 is "
+        "fitted on this recording's tuning split, so on tuning tasks its nearest neighbour is the task "
+        "itself.",
         "",
         "## Reachability",
         "",
@@ -213,7 +217,7 @@ def markdown(results: list[dict], with_outcomes: list[dict], meta: dict, groups:
         lines.append(f"| {r['identity']} | " + " | ".join(cells) + " |")
     lines += [
         "",
-        "## Outcomes (geomean effective speedup on the H200, recorded actions only)",
+        "## Outcomes (geomean effective speedup as recorded, recorded actions only)",
         "",
         "`complete`: tasks whose blind and four fixed-configuration decisions all have a recorded outcome "
         "(blind, static and oracle-over-4 are over these); oracle over subsets: the best recorded outcome "
@@ -305,7 +309,7 @@ def main(argv=None) -> int:
     # The recorded outcomes were measured at the evaluator's default tolerance (1e-4): they do not say
     # how tf32 fares at 1e-2, so the loose-tolerance playbook is reported for its decisions only.
     decisions_only = {"playbook-v1 (tolerance 1e-2)"}
-    outcomes = action_outcomes(recording)
+    outcomes, devices = action_outcomes(recording)
     results = [
         analyse(n, r, tasks, profiles_of, groups, {} if n in decisions_only else outcomes)
         for n, r in rewriters.items()
@@ -325,6 +329,9 @@ def main(argv=None) -> int:
         "held_out": sum(split_name(t.hash) == "held_out" for t in tasks),
         "subsets": len(every),
         "common_tasks": len(common),
+        "devices": devices,
+        "actions_recorded": sorted({a for _, a in outcomes}),
+        "actions_unrecorded": [a for a in ACTIONS if a not in {a for _, a in outcomes}],
         "seconds": time.monotonic() - started,
     }
     text = markdown(results, results_with_outcomes, meta, groups)

@@ -189,6 +189,34 @@ def test_bench_rejects_bad_arguments(tmp_path, capsys):
     assert not (tmp_path / "x.md").exists()
 
 
+def test_bench_oracle_over_subsets_skips_tasks_with_no_answered_subset():
+    """A held-out task whose every subset chose an unrecorded action has no oracle value: it is left out
+    (and counted), not scored -inf."""
+    bench = _bench()
+
+    class Matrix:
+        def values(self, objective):
+            return np.array([[0.1, np.nan], [np.nan, np.nan], [0.0, 0.3]])
+
+    class Args:
+        bootstrap, seed = 50, 0
+
+    out = bench.oracle_all(Matrix(), [0, 1, 2], "log_speedup", Args())
+    assert out["tasks"] == 2 and out["cells_answered"] == pytest.approx(3 / 6)
+    assert out["estimate"] == pytest.approx(math.exp((0.1 + 0.3) / 2))
+
+
+def test_bench_in_sample_note_depends_on_the_recording():
+    """rule-v2 and playbook-v1 were written on datasets/h200_suite: in-sample there, out of sample on a
+    generated recording; experience-v1 is fitted on each recording's own tuning split either way."""
+    bench = _bench()
+    suite, generated = bench.ROOT / "datasets" / "h200_suite", bench.ROOT / "datasets" / "recorded" / "h200"
+    assert bench.in_sample_note("rule-v2", suite).startswith("in-sample")
+    assert bench.in_sample_note("rule-v2", generated).startswith("out of sample")
+    assert bench.in_sample_note("playbook-v1", generated).startswith("out of sample")
+    assert bench.in_sample_note("experience-v1", suite) == bench.in_sample_note("experience-v1", generated)
+
+
 @pytest.mark.slow
 def test_bench_on_the_h200_recording(tmp_path):
     """bench/heldout_study.py on rule-v2 (about 20 s): the split in the output is the study split, the

@@ -606,3 +606,57 @@ def test_recording_script_adds_action_rows_and_resumes(tmp_path):
     assert module.main(args) == 0
     assert len(RewardTable(tmp_path / "rec" / "rewards").rows()) == 2
     assert module.main(["--actions", "fp8"]) == 2
+
+
+def _record_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("record", REPO / "bench" / "h200_record_playbook.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _reach_report(path, per_task: dict[str, list[str]], rewriter: str = "playbook-v1"):
+    import json
+
+    tasks = [{"task": t, "reachable": a} for t, a in per_task.items()]
+    path.write_text(json.dumps({"meta": {}, "results": [{"rewriter": rewriter, "per_task": tasks}]}))
+    return path
+
+
+def test_plan_cells_keeps_only_reachable_actions_grouped_by_need():
+    plan = _record_module().plan_cells
+    reach = {"a": {"keep", "sdpa", "compile_max_autotune"}, "b": {"torch_compile"}, "c": {"sdpa"}}
+    cells = plan(["a", "b", "c", "d"], ["sdpa", "compile_max_autotune"], reach)
+    assert cells == {("sdpa", "compile_max_autotune"): ["a"], ("sdpa",): ["c"]}
+    assert plan(["a", "b"], ["sdpa"], None) == {("sdpa",): ["a", "b"]}
+
+
+def test_recording_script_evaluates_only_reachable_cells(tmp_path):
+    """With --reachable, a task gets only the listed actions its report entry reaches: here relu reaches
+    cudnn_benchmark, not sdpa, so one row; a task the report reaches nothing new for gets none."""
+    from autoprofiler.tables import RewardTable
+
+    module = _record_module()
+    report = _reach_report(
+        tmp_path / "reach.json",
+        {"suite/l1/relu": ["keep", "cudnn_benchmark"], "suite/l1/tiny_add": ["torch_compile"]},
+    )
+    args = ["--recording", str(tmp_path / "rec"), "--device", "cpu", "--task-size", "small"]
+    args += ["--source", "torch", "--filter", "l1/relu,l1/tiny_add", "--actions", "sdpa,cudnn_benchmark"]
+    args += ["--jobs", "1", "--timing-trials", "3", "--warmup", "1", "--correctness-trials", "1"]
+    assert module.main(args + ["--reachable", str(report)]) == 0
+    rows = RewardTable(tmp_path / "rec" / "rewards").rows()
+    assert [(r.task_id, r.action) for r in rows] == [("suite/l1/relu", "cudnn_benchmark")]
+
+
+def test_recording_script_rejects_a_bad_reachability_report(tmp_path, capsys):
+    module = _record_module()
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    assert module.main(["--reachable", str(bad)]) == 2
+    assert "is not a rewriter_reachability.py report" in capsys.readouterr().err
+    report = _reach_report(tmp_path / "reach.json", {"x": ["keep"]}, rewriter="rule-v2")
+    assert module.main(["--reachable", str(report)]) == 2
+    assert "'playbook-v1' is not in" in capsys.readouterr().err
