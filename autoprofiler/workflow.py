@@ -467,8 +467,9 @@ def worker_spec(cfg: dict[str, Any], **changes: Any):
     return WorkerSpec(**{**fields, **changes})
 
 
-#: Rewriters a workflow config may name (``experience`` needs a recording to fit on: bench scripts only).
-CONFIG_REWRITERS = ("rule", "playbook", "openai")
+#: Rewriters a workflow config may name. ``experience`` is fitted on the training tasks of the replayed
+#: recordings (``workflows/train.py`` fits it once the split is known), so it needs a replay.
+CONFIG_REWRITERS = ("rule", "playbook", "openai", "experience")
 
 
 def config_rewriter(cfg: dict[str, Any], llm_cache: Path | None = None):
@@ -479,6 +480,10 @@ def config_rewriter(cfg: dict[str, Any], llm_cache: Path | None = None):
 
     options = dict(cfg.get("rewriter_options") or {})
     llm = cfg.get("llm") or {}
+    if cfg.get("rewriter", "rule") == "experience":
+        raise ValueError(
+            "rewriter experience: fit it with ExperienceRewriter.from_recording on the training tasks"
+        )
     if cfg.get("rewriter", "rule") == "openai":
         from autoprofiler.llm import ChatClient
 

@@ -488,6 +488,20 @@ def test_experience_fits_on_the_tuning_split_and_replays(tmp_path):
     assert result == {"written": 4, "missing": []}
 
 
+def test_experience_fits_on_several_recordings_with_a_training_filter():
+    """Two recordings read together: the training tasks of both, and only those ``train`` keeps."""
+    h100 = REPO / "datasets" / "recorded" / "h100"
+    one = ExperienceRewriter.from_recording(H200, train=lambda h: True)
+    both = ExperienceRewriter.from_recording([H200, h100], train=lambda h: True)
+    other = ExperienceRewriter.from_recording(h100, train=lambda h: True)
+    assert len(both.experience) == len(one.experience) + len(other.experience)
+    keep = {e.task_hash for e in both.experience[::2]}
+    some = ExperienceRewriter.from_recording([H200, h100], train=keep.__contains__)
+    assert {e.task_hash for e in some.experience} == keep and some.identity != both.identity
+    with pytest.raises(FileNotFoundError, match="profiles/"):
+        ExperienceRewriter.from_recording([H200, REPO / "datasets" / "suite"])
+
+
 # ------------------------------------------------------------------------------------------------
 # ExperienceRewriter on hand-made experience
 # ------------------------------------------------------------------------------------------------

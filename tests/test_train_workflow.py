@@ -135,6 +135,20 @@ def test_replay_run_writes_tree_log_evaluation_and_report(tmp_path):
     )
 
 
+def test_experience_rewriter_is_fitted_on_the_training_tasks_only(tmp_path):
+    """rewriter=experience on the replay fixture: fitted once the split is known, on training tasks only
+    (its identity counts them), then learns and judges like any rewriter; it needs a replay."""
+    out = tmp_path / "run"
+    proc = run(*replay_args(out), "rewriter=experience", "rewriter_options={k: 2}")
+    line = next(ln for ln in proc.stdout.splitlines() if ln.startswith("rewriter: experience-v1"))
+    ev = json.loads((out / "evaluation.json").read_text())
+    fitted = int(line.split("fitted on ")[1].split()[0])
+    assert "[k=2,source=torch," in line and fitted == ev["train_tasks"] < ev["train_tasks"] + ev["tasks"]
+    assert {"blind", "learned_tree", "oracle"} <= set(ev["summary"])
+    bad = run(*LIVE, "rewriter=experience", f"out_dir={tmp_path / 'live'}", expect=2, timeout=60)
+    assert "experience is fitted on a recording's training tasks; it needs a replay" in bad.stderr
+
+
 def test_the_default_config_replays_the_committed_recordings():
     """No flags: the replay (ncu profiles) of the committed recordings (the two H200 ones first, then the
     H100's tasks the H200 has no row of) over both task sources; ``tests/test_multisource.py`` runs it."""

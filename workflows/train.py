@@ -39,6 +39,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # a bare checkout (ray job submit --working-dir .) runs it too
     sys.path.insert(0, str(REPO))
 
+from autoprofiler.rewriters import ExperienceRewriter, RuleRewriter  # noqa: E402
 from autoprofiler.runtime.progress import stage  # noqa: E402
 from autoprofiler.workflow import (  # noqa: E402
     CONFIG_REWRITERS,
@@ -84,6 +85,11 @@ def check(cfg: dict) -> list[str]:
         problems.append(f"proposer: expected statistical or llm, got {cfg['proposer']!r}")
     if cfg["rewriter"] not in CONFIG_REWRITERS:
         problems.append(f"rewriter: expected one of {', '.join(CONFIG_REWRITERS)}, got {cfg['rewriter']!r}")
+    if cfg["rewriter"] == "experience" and environment_kind(cfg) != "replay":
+        problems.append("rewriter: experience is fitted on a recording's training tasks; it needs a replay")
+    unknown = set(cfg["rewriter_options"] or {}) - {"k"}
+    if cfg["rewriter"] == "experience" and unknown:
+        problems.append(f"rewriter_options: experience takes k only, got {sorted(unknown)}")
     fraction = cfg["test_fraction"]
     if isinstance(fraction, int | float) and not 0 < fraction < 1:
         problems.append(f"test_fraction: expected a number in (0, 1), got {fraction!r}")
@@ -146,7 +152,9 @@ def make_environment(cfg: dict, kind: str, out: Path):
     """(environment, rewriter): a replay of a recording, or live workers (Ray actors by default)."""
     from autoprofiler.environments import LiveEnvironment, ReplayEnvironment
 
-    rewriter = config_rewriter(cfg, out / "llm_cache")
+    # experience: the rule rewriter until the split is known (its coverage asks for every rule
+    # action's row, as the fit does), then ``fit_experience``
+    rewriter = RuleRewriter() if cfg["rewriter"] == "experience" else config_rewriter(cfg, out / "llm_cache")
     if kind == "replay":
         recordings = [resolve_path(t) for t in path_list(cfg["tables"])]
         runner = make_runner(cfg["runtime"], recording=recordings, source=cfg["source"])
@@ -157,6 +165,19 @@ def make_environment(cfg: dict, kind: str, out: Path):
         rewriter=rewriter, table_dir=tables or out / "tables", runner=runner, source=cfg["source"]
     )
     return env, rewriter
+
+
+def fit_experience(cfg: dict, env, train: list) -> ExperienceRewriter:
+    """experience-v1 fitted on the training tasks of the replayed recordings only (held-out rows unseen)."""
+    hashes = {t.hash for t in train}
+    recordings = [resolve_path(t) for t in path_list(cfg["tables"])]
+    options = cfg["rewriter_options"] or {}
+    rewriter = ExperienceRewriter.from_recording(
+        recordings, k=int(options.get("k", 3)), source=cfg["source"], train=hashes.__contains__
+    )
+    env.use_rewriter(rewriter)
+    print(f"rewriter: {rewriter.identity}, fitted on {len(rewriter.experience)} training tasks", flush=True)
+    return rewriter
 
 
 def make_proposer(cfg: dict, out: Path):
@@ -248,6 +269,8 @@ def main(argv: list[str]) -> int:
             raise ConfigError(
                 [f"tasks: {len(tasks)} usable; training needs one to learn on and one held out"]
             )
+        if cfg["rewriter"] == "experience":
+            rewriter = fit_experience(cfg, env, train)
         groups = sorted({g for g, spec in GROUPS.items() if spec.source == cfg["source"]})
         if kind == "replay":
             groups = sorted(set(groups) & {g for t in train for g in env.profiler.recorded_groups(t)})

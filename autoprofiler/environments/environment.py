@@ -154,6 +154,11 @@ class Environment:
             self._register(rewriter)
 
     # --- rewriters ---------------------------------------------------------------------------------
+    def use_rewriter(self, rewriter: Rewriter) -> None:
+        """Make ``rewriter`` the default from now on (e.g. one fitted once the training tasks are known)."""
+        self.rewriter = rewriter
+        self._register(rewriter)
+
     def _register(self, rewriter: Rewriter) -> None:
         if self._rewriters.get(rewriter.identity) is rewriter:
             return  # every cell() call registers its rewriter: the same object is already known

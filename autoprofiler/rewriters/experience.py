@@ -107,30 +107,32 @@ class ExperienceRewriter:
     @classmethod
     def from_recording(
         cls,
-        recording: str | Path = "datasets/h200_suite",
+        recording: str | Path | Sequence[str | Path] = "datasets/h200_suite",
         k: int = 3,
         source: str = "ncu",
         train: Callable[[str], bool] = is_tuning_task,
     ) -> ExperienceRewriter:
-        """Fit on the action rows and profiles of ``recording`` for the tasks ``train(task_hash)`` keeps
-        (default: the tuning split). Raises ``FileNotFoundError``/``ValueError`` naming what is missing."""
+        """Fit on the action rows and profiles of ``recording`` (one folder, or several read together,
+        e.g. the recordings of two cards) for the tasks ``train(task_hash)`` keeps (default: the tuning
+        split). Raises ``FileNotFoundError``/``ValueError`` naming what is missing."""
         from autoprofiler.profiling.cache import profile_from_record
         from autoprofiler.tables import ProfileTable, RewardTable
 
-        root = Path(recording)
-        for sub in ("profiles", "rewards"):
-            if not (root / sub).is_dir():
-                raise FileNotFoundError(f"expected a recording with {sub}/ under {root}; it is not there")
+        roots = [Path(recording)] if isinstance(recording, str | Path) else [Path(r) for r in recording]
+        for root in roots:
+            for sub in ("profiles", "rewards"):
+                if not (root / sub).is_dir():
+                    raise FileNotFoundError(f"expected a recording with {sub}/ under {root}; it is not there")
         outcomes: dict[str, dict[str, float]] = {}
         names: dict[str, str] = {}
-        for row in RewardTable(root / "rewards").rows():
+        for row in RewardTable(None, read_from=[r / "rewards" for r in roots]).rows():
             if row.kind != "action" or row.rewriter != ACTIONS_VERSION or row.seed or row.round:
                 continue
             if not train(row.task_hash) or row.action not in ACTIONS:
                 continue
             outcomes.setdefault(row.task_hash, {})[row.action] = float(row.effective_speedup)
             names[row.task_hash] = row.task_id
-        profiles = ProfileTable(root / "profiles")
+        profiles = ProfileTable(None, read_from=[r / "profiles" for r in roots])
         experience = []
         for task_hash in sorted(outcomes):
             records = profiles.groups_for(task_hash, source)
@@ -143,7 +145,9 @@ class ExperienceRewriter:
             if merged is not None:
                 experience.append(Experience(task_hash, names[task_hash], merged, outcomes[task_hash]))
         if not experience:
-            raise ValueError(f"no training task with a {source} profile and action rows in {root}")
+            raise ValueError(
+                f"no training task with a {source} profile and action rows in {', '.join(map(str, roots))}"
+            )
         return cls(experience, k=k, source=source)
 
     # --- the ActionRewriter protocol ------------------------------------------------------------------
