@@ -540,6 +540,24 @@ def test_experience_similarity_uses_only_the_shown_groups():
     assert blind == "torch_compile" and why.startswith("blind") and f"{1.35 ** (1 / 3):.2f}x" in why
 
 
+def test_experience_leave_one_out_keeps_a_training_task_out_of_its_own_neighbours():
+    """Shown training task a's own profile: a is its nearest neighbour (torch_compile, in-sample) unless
+    leave_one_out, which takes the next nearest, b (keep); identities differ; another task is unaffected."""
+    train = [
+        _experience("a", {LOAD_BYTES_PER_SECTOR: 4.0}, {"keep": 1.0, "torch_compile": 3.0}),
+        _experience("b", {LOAD_BYTES_PER_SECTOR: 6.0}, {"keep": 1.1, "torch_compile": 0.5}),
+        _experience("c", {LOAD_BYTES_PER_SECTOR: 64.0}, {"keep": 1.0, "torch_compile": 2.0}),
+    ]
+    plain, loo = ExperienceRewriter(train, k=1), ExperienceRewriter(train, k=1, leave_one_out=True)
+    own = train[0].profile.restrict(["memory"])
+    assert plain.decide(own)[0] == "torch_compile"
+    action, reason = loo.decide(own)
+    assert action == "keep" and "t/b" in reason and "t/a" not in reason
+    assert loo.identity == plain.identity[:-1] + ",loo]"
+    other = Profile("z", "ncu", frozenset({"memory"}), {LOAD_BYTES_PER_SECTOR: 4.5}, kernels((POINTWISE, 10)))
+    assert plain.decide(other) == loo.decide(other)
+
+
 def test_experience_identity_names_k_and_the_training_set():
     train = [_experience("a", {LOAD_BYTES_PER_SECTOR: 4.0}, {"keep": 1.0})]
     other = [_experience("b", {LOAD_BYTES_PER_SECTOR: 4.0}, {"keep": 1.0})]

@@ -87,9 +87,9 @@ def check(cfg: dict) -> list[str]:
         problems.append(f"rewriter: expected one of {', '.join(CONFIG_REWRITERS)}, got {cfg['rewriter']!r}")
     if cfg["rewriter"] == "experience" and environment_kind(cfg) != "replay":
         problems.append("rewriter: experience is fitted on a recording's training tasks; it needs a replay")
-    unknown = set(cfg["rewriter_options"] or {}) - {"k"}
+    unknown = set(cfg["rewriter_options"] or {}) - {"k", "leave_one_out"}
     if cfg["rewriter"] == "experience" and unknown:
-        problems.append(f"rewriter_options: experience takes k only, got {sorted(unknown)}")
+        problems.append(f"rewriter_options: experience takes k and leave_one_out, got {sorted(unknown)}")
     fraction = cfg["test_fraction"]
     if isinstance(fraction, int | float) and not 0 < fraction < 1:
         problems.append(f"test_fraction: expected a number in (0, 1), got {fraction!r}")
@@ -173,7 +173,11 @@ def fit_experience(cfg: dict, env, train: list) -> ExperienceRewriter:
     recordings = [resolve_path(t) for t in path_list(cfg["tables"])]
     options = cfg["rewriter_options"] or {}
     rewriter = ExperienceRewriter.from_recording(
-        recordings, k=int(options.get("k", 3)), source=cfg["source"], train=hashes.__contains__
+        recordings,
+        k=int(options.get("k", 3)),
+        source=cfg["source"],
+        train=hashes.__contains__,
+        leave_one_out=bool(options.get("leave_one_out", True)),  # the learner scores on training tasks
     )
     env.use_rewriter(rewriter)
     print(f"rewriter: {rewriter.identity}, fitted on {len(rewriter.experience)} training tasks", flush=True)

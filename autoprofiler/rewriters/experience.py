@@ -16,7 +16,9 @@ profile): the action with the best mean over all training tasks (the best static
 Held-out tasks' rewards are never seen: ``from_recording`` keeps only the tasks of the tuning split
 (``split.is_tuning_task``) unless told otherwise, and ``identity`` carries a digest of the training
 tasks and ``k``, so configuration rows of differently fitted rewriters never mix. On a training task
-itself the nearest neighbour is that task (distance 0): its decisions there are in-sample.
+itself the nearest neighbour is that task (distance 0): its decisions there are in-sample, unless
+``leave_one_out`` leaves the shown task out of its own neighbours (blind stays the best action over
+every training task).
 
 Example::
 
@@ -81,9 +83,14 @@ class ExperienceRewriter:
         experience: the training tasks (at least one; each with at least one outcome).
         k: neighbours to average over (default 3).
         source: the profile source it answers (``"ncu"`` or ``"torch"``); another source is blind.
+        leave_one_out: shown a training task's own profile, leave that task out of its neighbours, so
+            its decisions on training tasks are out of sample as on any other task (what a learner
+            scoring proposals on the training tasks needs); named in ``identity`` as ``loo``.
     """
 
-    def __init__(self, experience: Sequence[Experience], k: int = 3, source: str = "ncu"):
+    def __init__(
+        self, experience: Sequence[Experience], k: int = 3, source: str = "ncu", leave_one_out: bool = False
+    ):
         if not experience:
             raise ValueError("expected at least one training task (Experience); got none")
         if not isinstance(k, int) or k < 1:
@@ -94,12 +101,14 @@ class ExperienceRewriter:
         self.experience = sorted(experience, key=lambda e: e.task_hash)
         self.k = k
         self.source = source
+        self.leave_one_out = bool(leave_one_out)
         self._features = {e.task_hash: _features(e.profile) for e in self.experience}
         self._actions = [a for a in ACTIONS if any(a in e.outcomes for e in self.experience)]
         digest = hashlib.sha256(
             "\x1f".join([source, str(k), *(e.task_hash for e in self.experience)]).encode()
         ).hexdigest()[:8]
-        self.identity = f"{EXPERIENCE_VERSION}[k={k},source={source},train={len(self.experience)}:{digest}]"
+        train = f"{len(self.experience)}:{digest}" + (",loo" if self.leave_one_out else "")
+        self.identity = f"{EXPERIENCE_VERSION}[k={k},source={source},train={train}]"
         self.actions_identity = ACTIONS_VERSION
         self._spread = self._spreads()
         self._group_names: dict[frozenset[str], frozenset[str]] = {}
@@ -111,6 +120,7 @@ class ExperienceRewriter:
         k: int = 3,
         source: str = "ncu",
         train: Callable[[str], bool] = is_tuning_task,
+        leave_one_out: bool = False,
     ) -> ExperienceRewriter:
         """Fit on the action rows and profiles of ``recording`` (one folder, or several read together,
         e.g. the recordings of two cards) for the tasks ``train(task_hash)`` keeps (default: the tuning
@@ -148,7 +158,7 @@ class ExperienceRewriter:
             raise ValueError(
                 f"no training task with a {source} profile and action rows in {', '.join(map(str, roots))}"
             )
-        return cls(experience, k=k, source=source)
+        return cls(experience, k=k, source=source, leave_one_out=leave_one_out)
 
     # --- the ActionRewriter protocol ------------------------------------------------------------------
     def actions(self) -> list[str]:
@@ -174,6 +184,8 @@ class ExperienceRewriter:
         ranked = []
         for e in self.experience:
             if not profile.groups <= e.profile.groups:
+                continue
+            if self.leave_one_out and e.task_hash == profile.task_hash:
                 continue
             theirs = self._features[e.task_hash]  # restricted to the shown groups' names below
             common = [n for n in shown if n in names and n in theirs and self._spread.get(n, 0.0) > 0]
