@@ -467,9 +467,9 @@ def worker_spec(cfg: dict[str, Any], **changes: Any):
     return WorkerSpec(**{**fields, **changes})
 
 
-#: Rewriters a workflow config may name. ``experience`` is fitted on the training tasks of the replayed
-#: recordings (``workflows/train.py`` fits it once the split is known), so it needs a replay.
-CONFIG_REWRITERS = ("rule", "playbook", "openai", "experience")
+#: Rewriters a workflow config builds (``config_rewriter``). ``workflows/train.py`` also takes
+#: ``experience``, which it fits on a replay's training tasks once the split is known.
+CONFIG_REWRITERS = ("rule", "playbook", "openai")
 
 
 def config_rewriter(cfg: dict[str, Any], llm_cache: Path | None = None):
@@ -480,10 +480,6 @@ def config_rewriter(cfg: dict[str, Any], llm_cache: Path | None = None):
 
     options = dict(cfg.get("rewriter_options") or {})
     llm = cfg.get("llm") or {}
-    if cfg.get("rewriter", "rule") == "experience":
-        raise ValueError(
-            "rewriter experience: fit it with ExperienceRewriter.from_recording on the training tasks"
-        )
     if cfg.get("rewriter", "rule") == "openai":
         from autoprofiler.llm import ChatClient
 

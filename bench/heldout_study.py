@@ -107,9 +107,14 @@ OUT_OF_SAMPLE = {  # another recording: its tasks were never in view when rule-v
 }
 
 
+def designed_on(recording: Path) -> bool:
+    """Whether rule-v2 and playbook-v1 were written on ``recording``."""
+    return recording.resolve().name == DESIGNED_ON
+
+
 def in_sample_note(name: str, recording: Path) -> str:
     """How ``name``'s held-out numbers stand on ``recording``: in-sample only on the one it was written on."""
-    return (IN_SAMPLE if recording.resolve().name == DESIGNED_ON else OUT_OF_SAMPLE)[name]
+    return (IN_SAMPLE if designed_on(recording) else OUT_OF_SAMPLE)[name]
 
 
 KS_COMPARED = ((8, 2), (8, 4), (4, 2), (10, 4))
@@ -675,7 +680,7 @@ def main(argv: list[str] | None = None) -> int:
             study_rewriter(name, rewriters[name](), recording, tasks, split, seed_tree, groups, args)
         )
     meta = {
-        "designed_on_this": recording.resolve().name == DESIGNED_ON,
+        "designed_on_this": designed_on(recording),
         "devices": devices_of(recording),
         "command": "python bench/heldout_study.py " + " ".join(argv if argv is not None else sys.argv[1:]),
         "recording": str(args.recording),

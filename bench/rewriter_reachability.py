@@ -310,6 +310,7 @@ def main(argv=None) -> int:
     # how tf32 fares at 1e-2, so the loose-tolerance playbook is reported for its decisions only.
     decisions_only = {"playbook-v1 (tolerance 1e-2)"}
     outcomes, devices = action_outcomes(recording)
+    recorded = {a for _, a in outcomes}
     results = [
         analyse(n, r, tasks, profiles_of, groups, {} if n in decisions_only else outcomes)
         for n, r in rewriters.items()
@@ -330,8 +331,8 @@ def main(argv=None) -> int:
         "subsets": len(every),
         "common_tasks": len(common),
         "devices": devices,
-        "actions_recorded": sorted({a for _, a in outcomes}),
-        "actions_unrecorded": [a for a in ACTIONS if a not in {a for _, a in outcomes}],
+        "actions_recorded": sorted(recorded),
+        "actions_unrecorded": [a for a in ACTIONS if a not in recorded],
         "seconds": time.monotonic() - started,
     }
     text = markdown(results, results_with_outcomes, meta, groups)

@@ -106,11 +106,8 @@ def check(cfg: dict) -> list[str]:
     fraction = cfg["test_fraction"]
     if isinstance(fraction, int | float) and not 0 < fraction < 1:
         problems.append(f"test_fraction: expected a number in (0, 1), got {fraction!r}")
-    if cfg["rewriter"] not in CONFIG_REWRITERS or cfg["rewriter"] == "experience":
-        problems.append(
-            f"rewriter: expected one of rule, playbook, openai, got {cfg['rewriter']!r} (experience is "
-            "fitted on training tasks: workflows/train.py)"
-        )
+    if cfg["rewriter"] not in CONFIG_REWRITERS:
+        problems.append(f"rewriter: expected one of {', '.join(CONFIG_REWRITERS)}, got {cfg['rewriter']!r}")
     problems += task_problems(cfg["tasks"], cfg["filter"], cfg["max_tasks"])
     problems += tables_problems(cfg["tables"], cfg["environment"])
     if cfg["environment"] == "live":

@@ -75,6 +75,10 @@ PATHS = ("tables", "tasks")  # a path or a list of paths
 SHOWN = ("environment", "tasks", "task_filter", "max_tasks", "source", "device", "tree", "rewriter")
 
 
+#: The config's rewriters, and experience-v1, fitted here on the training tasks (``fit_experience``).
+TRAIN_REWRITERS = (*CONFIG_REWRITERS, "experience")
+
+
 def check(cfg: dict) -> list[str]:
     """Problems with values, paths, the tasks and the starting tree, found before any work starts."""
 
@@ -83,8 +87,8 @@ def check(cfg: dict) -> list[str]:
         problems.append(f"environment: expected one of {ENVIRONMENTS}, got {cfg['environment']!r}")
     if cfg["proposer"] not in ("statistical", "llm"):
         problems.append(f"proposer: expected statistical or llm, got {cfg['proposer']!r}")
-    if cfg["rewriter"] not in CONFIG_REWRITERS:
-        problems.append(f"rewriter: expected one of {', '.join(CONFIG_REWRITERS)}, got {cfg['rewriter']!r}")
+    if cfg["rewriter"] not in TRAIN_REWRITERS:
+        problems.append(f"rewriter: expected one of {', '.join(TRAIN_REWRITERS)}, got {cfg['rewriter']!r}")
     if cfg["rewriter"] == "experience" and environment_kind(cfg) != "replay":
         problems.append("rewriter: experience is fitted on a recording's training tasks; it needs a replay")
     unknown = set(cfg["rewriter_options"] or {}) - {"k", "leave_one_out"}
