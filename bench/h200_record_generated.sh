@@ -7,6 +7,8 @@
 # 2. workflows/oracle_sweep.py with datasets/recorded/h200/record.yaml, its filter narrowed to the tasks
 #    that passed, --resume: 16 tasks at a time (`chunk`), every ncu group in its own profiled process per chunk
 #    (passes measured per group), then the rule actions of those tasks; stops starting work at the budget.
+# NEW_TASKS=0: record only the tasks this card's recording already holds rows of (finish them; leave the
+# selection's new tasks to the other card).
 # DROP_ERROR="out of memory": first drop this card's reward rows whose error contains it (an evaluator
 # fault since fixed), so step 2 evaluates them again; run bench/drop_reward_rows.py the same way here.
 # Then here: unpack $OUT/rec.tgz over the repo root (datasets/recorded/<card>, datasets/ops_gen/gpu_verdicts.*)
@@ -41,7 +43,7 @@ timeout -k 5 $((FILTER_S + 30)) python3 datasets/ops_gen/filter_gpu.py --stage t
   --only $REC/selection.txt --max-seconds "$FILTER_S" --timeout 60 > "$OUT/filter_time.log" 2>&1
 echo "time filter rc=$?: $(tail -1 "$OUT/filter_time.log")"
 python3 - "$REC" <<'PY'
-import json, sys
+import json, os, sys
 from pathlib import Path
 import pyarrow.dataset as ds
 from autoprofiler.generate.verdicts import read_verdicts
@@ -56,6 +58,10 @@ for other in Path("datasets/recorded").glob("*/profiles"):
         held |= set(ds.dataset(other, format="parquet", partitioning="hive")
                     .to_table(columns=["task_id"]).column("task_id").to_pylist())
 ids = [i for i in ids if i not in held]
+if os.environ.get("NEW_TASKS", "1") == "0":
+    own = set(ds.dataset(rec / "profiles", format="parquet", partitioning="hive")
+              .to_table(columns=["task_id"]).column("task_id").to_pylist())
+    ids = [i for i in ids if i in own]
 text = (rec / "record.yaml").read_text().splitlines()
 text = [f"filter: {json.dumps(ids)}" if ln.startswith("filter:") else ln for ln in text]
 Path("/tmp/record_generated.yaml").write_text("\n".join(text) + "\n")

@@ -61,9 +61,10 @@ def main(argv=None) -> int:
     p.add_argument(
         "--count",
         type=int,
-        default=320,
+        default=400,
         help="tasks to choose: 255 at first, then 275 and 290 as tasks failed the GPU time filter, and 320 "
-        "so that 300 complete tasks do not hang on the last few (the rule keeps the first choices as "
+        "so that 300 complete tasks do not hang on the last few, then 400 so that 300 of them are H200 "
+        "tasks (the rule keeps the first choices as "
         "they were: a larger count appends)",
     )
     args = p.parse_args(argv)
