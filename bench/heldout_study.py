@@ -96,8 +96,9 @@ IN_SAMPLE = {
     "rule-v2": "in-sample everywhere: its 16 rules were written with the whole recording in view",
     "playbook-v1": "held-out tasks unseen: thresholds set on the tuning split only, frozen before any "
     "held-out outcome was looked at",
-    "experience-v1": "held-out tasks unseen: fitted on the tuning split's rows only; on a training task "
-    "its nearest neighbour is the task itself, so its training-side numbers are in-sample",
+    "experience-v1": "held-out tasks unseen: fitted on the tuning split's rows only, choosing among the "
+    "actions every tuning task has a row for; on a training task its nearest neighbour is the task itself, "
+    "so its training-side numbers are in-sample",
 }
 OUT_OF_SAMPLE = {  # another recording: its tasks were never in view when rule-v2 or playbook-v1 was written
     "rule-v2": f"out of sample: its 16 rules were written on `datasets/{DESIGNED_ON}`, not on these tasks",
@@ -661,6 +662,7 @@ def main(argv: list[str] | None = None) -> int:
     split = study_split(tasks)
     held_hashes = {t.hash for t in tasks if t.id in split.held_out}
     experience = ExperienceRewriter.from_recording(recording)
+    experience = experience.with_actions(experience.common_actions())  # only what the replay can answer
     fitted_on = {e.task_hash for e in experience.experience}
     if not all(is_tuning_task(h) for h in fitted_on) or fitted_on & held_hashes:
         print("error: experience-v1 was fitted on a held-out task; the split does not hold", file=sys.stderr)

@@ -569,6 +569,38 @@ def test_experience_identity_names_k_and_the_training_set():
         ExperienceRewriter([_experience("a", {}, {"fp8": 2.0})])
 
 
+def test_experience_with_common_actions_never_chooses_an_action_some_tasks_lack():
+    """Two training tasks near the probe record compile_max_autotune (best there), a third does not: fitted
+    on everything, the probe gets compile_max_autotune, which a replay of a task without that row cannot
+    answer; restricted to the actions every task has, it gets torch_compile, and the identity says so."""
+    train = [
+        _experience(
+            "a",
+            {LOAD_BYTES_PER_SECTOR: 4.0},
+            {"keep": 1.0, "torch_compile": 1.5, "compile_max_autotune": 3.0},
+        ),
+        _experience(
+            "b",
+            {LOAD_BYTES_PER_SECTOR: 5.0},
+            {"keep": 1.0, "torch_compile": 1.2, "compile_max_autotune": 2.0},
+        ),
+        _experience("c", {LOAD_BYTES_PER_SECTOR: 64.0}, {"keep": 1.0, "torch_compile": 0.8}),
+    ]
+    every = ExperienceRewriter(train, k=2)
+    assert set(every.actions()) == {"keep", "torch_compile", "compile_max_autotune"}
+    assert every.common_actions() == [a for a in every.actions() if a != "compile_max_autotune"]
+    probe = Profile("p", "ncu", frozenset({"memory"}), {LOAD_BYTES_PER_SECTOR: 4.5}, kernels((POINTWISE, 10)))
+    assert every.decide(probe)[0] == "compile_max_autotune"
+    common = every.with_actions(every.common_actions())
+    assert common.decide(probe)[0] == "torch_compile" and common.decide(None)[0] == "torch_compile"
+    assert common.identity != every.identity and common.identity.endswith(",actions=2]")
+    assert common.k == every.k and common.leave_one_out == every.leave_one_out
+    with pytest.raises(ValueError, match="outside the catalog"):
+        every.with_actions(["keep", "fp8"])
+    with pytest.raises(ValueError, match="no training task has an outcome"):
+        every.with_actions(["sdpa"])
+
+
 def test_split_is_a_third_by_hash():
     hashes = [f"{i:016x}" for i in range(300)]
     tuning, held_out = split_hashes(hashes)

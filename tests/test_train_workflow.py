@@ -144,6 +144,7 @@ def test_experience_rewriter_is_fitted_on_the_training_tasks_only(tmp_path):
     ev = json.loads((out / "evaluation.json").read_text())
     fitted = int(line.split("fitted on ")[1].split()[0])
     assert "[k=2,source=torch," in line and fitted == ev["train_tasks"] < ev["train_tasks"] + ev["tasks"]
+    assert ",actions=" in line and "choosing among keep" in line
     assert {"blind", "learned_tree", "oracle"} <= set(ev["summary"])
     bad = run(*LIVE, "rewriter=experience", f"out_dir={tmp_path / 'live'}", expect=2, timeout=60)
     assert "experience is fitted on a recording's training tasks; it needs a replay" in bad.stderr

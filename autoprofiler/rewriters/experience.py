@@ -86,10 +86,18 @@ class ExperienceRewriter:
         leave_one_out: shown a training task's own profile, leave that task out of its neighbours, so
             its decisions on training tasks are out of sample as on any other task (what a learner
             scoring proposals on the training tasks needs); named in ``identity`` as ``loo``.
+        actions: choose only among these (default: every action some training task has an outcome
+            for). A replay answers only recorded actions, so a replayed run passes
+            ``common_actions()``: see ``with_actions``. Named in ``identity`` when given.
     """
 
     def __init__(
-        self, experience: Sequence[Experience], k: int = 3, source: str = "ncu", leave_one_out: bool = False
+        self,
+        experience: Sequence[Experience],
+        k: int = 3,
+        source: str = "ncu",
+        leave_one_out: bool = False,
+        actions: Sequence[str] | None = None,
     ):
         if not experience:
             raise ValueError("expected at least one training task (Experience); got none")
@@ -103,11 +111,19 @@ class ExperienceRewriter:
         self.source = source
         self.leave_one_out = bool(leave_one_out)
         self._features = {e.task_hash: _features(e.profile) for e in self.experience}
-        self._actions = [a for a in ACTIONS if any(a in e.outcomes for e in self.experience)]
+        if actions is not None and not set(actions) <= set(ACTIONS):
+            raise ValueError(f"actions outside the catalog: {sorted(set(actions) - set(ACTIONS))}")
+        allowed = set(ACTIONS) if actions is None else set(actions)
+        self._actions = [a for a in ACTIONS if a in allowed and any(a in e.outcomes for e in self.experience)]
+        if not self._actions:
+            raise ValueError(f"no training task has an outcome for any of the actions {sorted(allowed)}")
+        named = [] if actions is None else ["actions", *self._actions]
         digest = hashlib.sha256(
-            "\x1f".join([source, str(k), *(e.task_hash for e in self.experience)]).encode()
+            "\x1f".join([source, str(k), *(e.task_hash for e in self.experience), *named]).encode()
         ).hexdigest()[:8]
         train = f"{len(self.experience)}:{digest}" + (",loo" if self.leave_one_out else "")
+        if actions is not None:
+            train += f",actions={len(self._actions)}"
         self.identity = f"{EXPERIENCE_VERSION}[k={k},source={source},train={train}]"
         self.actions_identity = ACTIONS_VERSION
         self._spread = self._spreads()
@@ -160,9 +176,25 @@ class ExperienceRewriter:
             )
         return cls(experience, k=k, source=source, leave_one_out=leave_one_out)
 
+    def common_actions(self) -> list[str]:
+        """The actions *every* training task has an outcome for, in catalog order.
+
+        A recording holds the rule actions for every task but a further action (one of the playbook's,
+        recorded only where the playbook reaches it) for some: fitted on those too, the neighbours of a
+        task lacking it can choose it, and a replay has no outcome to answer with.
+        """
+        return [a for a in self._actions if all(a in e.outcomes for e in self.experience)]
+
+    def with_actions(self, actions: Sequence[str]) -> ExperienceRewriter:
+        """The same fit choosing only among ``actions`` (e.g. ``common_actions()`` for a replay)."""
+        return ExperienceRewriter(
+            self.experience, k=self.k, source=self.source, leave_one_out=self.leave_one_out, actions=actions
+        )
+
     # --- the ActionRewriter protocol ------------------------------------------------------------------
     def actions(self) -> list[str]:
-        """The actions some training task has an outcome for, in catalog order."""
+        """The actions it chooses among: those some training task has an outcome for (and ``actions``
+        keeps), in catalog order."""
         return list(self._actions)
 
     def source_for(self, task, action: str) -> str:
