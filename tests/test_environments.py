@@ -487,6 +487,30 @@ def test_derive_configuration_rows_from_actions_and_profiles(tmp_path):
     assert row is not None and row.action == again.outcome(TASKS[3], cfg).action
 
 
+def test_coverage_leaves_out_a_task_missing_an_action_row(tmp_path):
+    """A task with every group but no row for one rule action is left out up front, for that action only:
+    ``lacking_actions`` names it, ``left_out`` gives it actions and no groups, the recording's line counts
+    it, and every other task is used."""
+    shutil.copytree(REPLAY_FIXTURE, tmp_path / "rec")
+    rewards_dir = tmp_path / "rec" / "rewards"
+    rows = RewardTable(rewards_dir).rows()
+    target, dropped = TASKS[1], "channels_last"
+    kept = [r for r in rows if (r.task_hash, r.kind, r.action) != (target.hash, "action", dropped)]
+    assert len(kept) == len(rows) - 1
+    shutil.rmtree(rewards_dir)
+    table = RewardTable(rewards_dir)
+    table.extend(kept)
+    table.flush()
+    env = ReplayEnvironment.from_dir(tmp_path / "rec", rewriter=RuleRewriter(), source="torch")
+    cov = env.coverage(TASKS)
+    assert [t.id for t in cov.used] == [t.id for t in TASKS if t.id != target.id]
+    assert cov.lacking_actions == {target.id: (dropped,)} and not cov.lacking_groups
+    assert cov.left_out()[target.id]["actions"] == [dropped] and cov.left_out()[target.id]["groups"] == []
+    assert f"1 left out (no row for action {dropped}: 1)" in cov.lines()[0]
+    used, why = env.fully_recorded(TASKS)
+    assert target not in used and why == {target.id: [f"action {dropped}"]}
+
+
 def test_relative_timing_lock_becomes_absolute():
     """Workers run in their own temp dirs: a relative timing_lock would not be found there."""
     from autoprofiler.evaluation import EvalConfig
