@@ -7,6 +7,8 @@
 # 2. workflows/oracle_sweep.py with datasets/recorded/h200/record.yaml, its filter narrowed to the tasks
 #    that passed, --resume: 16 tasks at a time (`chunk`), every ncu group in its own profiled process per chunk
 #    (passes measured per group), then the rule actions of those tasks; stops starting work at the budget.
+# REQUIRE_GPU=H200: exit at once (nothing recorded) unless the GPU's name contains it, so a call that the
+# device tool serves with another card costs only its start.
 # NEW_TASKS=0: record only the tasks this card's recording already holds rows of (finish them; leave the
 # selection's new tasks to the other card).
 # DROP_ERROR="out of memory": first drop this card's reward rows whose error contains it (an evaluator
@@ -22,6 +24,9 @@ left() { echo $(( BUDGET - ($(date +%s) - START) )); }
 # datasets/recorded/h200; an H100 records into datasets/recorded/h100 (made here from the H200's
 # selection and settings). Either records only the selected tasks no other card's recording holds a row of.
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+if [ -n "${REQUIRE_GPU:-}" ] && [[ "$GPU" != *"$REQUIRE_GPU"* ]]; then
+  echo "GPU $GPU is not the required $REQUIRE_GPU: nothing recorded"; exit 0
+fi
 case "$GPU" in
   *H200*) REC=datasets/recorded/h200 ;;
   *H100*) REC=datasets/recorded/h100 ;;
