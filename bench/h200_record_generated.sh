@@ -57,16 +57,17 @@ verdicts = read_verdicts("datasets/ops_gen/gpu_verdicts.jsonl")
 ok = {h for (h, stage), row in verdicts.items() if stage == "time" and row["ok"]}
 ids = [ln.split("\t")[0] for ln in (rec / "selection.txt").read_text().splitlines()
        if ln and not ln.startswith("#") and ln.split("\t")[1] in ok]
+def profiled(profiles: Path) -> set:
+    """The task ids a recording's profile table holds a row of."""
+    return set(ds.dataset(profiles, format="parquet", partitioning="hive")
+               .to_table(columns=["task_id"]).column("task_id").to_pylist())
 held = set()  # a task's rows all come from one card: skip tasks another card's recording holds a row of
 for other in Path("datasets/recorded").glob("*/profiles"):
     if other.parent != rec:
-        held |= set(ds.dataset(other, format="parquet", partitioning="hive")
-                    .to_table(columns=["task_id"]).column("task_id").to_pylist())
+        held |= profiled(other)
 ids = [i for i in ids if i not in held]
 if os.environ.get("NEW_TASKS", "1") == "0":
-    own = set(ds.dataset(rec / "profiles", format="parquet", partitioning="hive")
-              .to_table(columns=["task_id"]).column("task_id").to_pylist())
-    ids = [i for i in ids if i in own]
+    ids = [i for i in ids if i in profiled(rec / "profiles")]
 text = (rec / "record.yaml").read_text().splitlines()
 text = [f"filter: {json.dumps(ids)}" if ln.startswith("filter:") else ln for ln in text]
 Path("/tmp/record_generated.yaml").write_text("\n".join(text) + "\n")

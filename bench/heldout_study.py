@@ -661,8 +661,7 @@ def main(argv: list[str] | None = None) -> int:
     tasks, lacking = ReplayEnvironment(recording, None, "ncu").fully_recorded(load_tasks(args.tasks).tasks)
     split = study_split(tasks)
     held_hashes = {t.hash for t in tasks if t.id in split.held_out}
-    experience = ExperienceRewriter.from_recording(recording)
-    experience = experience.with_actions(experience.common_actions())  # only what the replay can answer
+    experience = ExperienceRewriter.from_recording(recording, common_actions_only=True)  # what replays answer
     fitted_on = {e.task_hash for e in experience.experience}
     if not all(is_tuning_task(h) for h in fitted_on) or fitted_on & held_hashes:
         print("error: experience-v1 was fitted on a held-out task; the split does not hold", file=sys.stderr)

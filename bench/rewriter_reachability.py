@@ -300,12 +300,11 @@ def main(argv=None) -> int:
             cache[task.hash] = {s: (env.profiler.snapshot(task, s) if s else None) for s in every}
         return cache[task.hash]
 
-    experience = ExperienceRewriter.from_recording(recording)
     rewriters = {
         "rule-v2": RuleRewriter(),
         "playbook-v1": PlaybookRewriter(),
         "playbook-v1 (tolerance 1e-2)": PlaybookRewriter(tolerance=1e-2),
-        "experience-v1": experience.with_actions(experience.common_actions()),  # what a replay answers
+        "experience-v1": ExperienceRewriter.from_recording(recording, common_actions_only=True),
     }
     # The recorded outcomes were measured at the evaluator's default tolerance (1e-4): they do not say
     # how tf32 fares at 1e-2, so the loose-tolerance playbook is reported for its decisions only.

@@ -498,6 +498,9 @@ def test_experience_fits_on_several_recordings_with_a_training_filter():
     keep = {e.task_hash for e in both.experience[::2]}
     some = ExperienceRewriter.from_recording([H200, h100], train=keep.__contains__)
     assert {e.task_hash for e in some.experience} == keep and some.identity != both.identity
+    common = ExperienceRewriter.from_recording([H200, h100], train=lambda h: True, common_actions_only=True)
+    assert common.actions() == both.common_actions()
+    assert common.identity == both.with_actions(both.common_actions()).identity
     with pytest.raises(FileNotFoundError, match="profiles/"):
         ExperienceRewriter.from_recording([H200, REPO / "datasets" / "suite"])
 

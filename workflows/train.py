@@ -182,10 +182,10 @@ def fit_experience(cfg: dict, env, train: list) -> ExperienceRewriter:
         source=cfg["source"],
         train=hashes.__contains__,
         leave_one_out=bool(options.get("leave_one_out", True)),  # the learner scores on training tasks
+        # an action recorded on some tasks only (a playbook action where the playbook reaches it) could
+        # be chosen for a task the replay has no outcome of: choose among those every training task has
+        common_actions_only=True,
     )
-    # An action recorded on some tasks only (a playbook action where the playbook reaches it) could be
-    # chosen for a task the replay has no outcome of: choose among those every training task has.
-    rewriter = rewriter.with_actions(rewriter.common_actions())
     env.use_rewriter(rewriter)
     print(
         f"rewriter: {rewriter.identity}, fitted on {len(rewriter.experience)} training tasks, choosing among "

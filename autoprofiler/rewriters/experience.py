@@ -87,8 +87,8 @@ class ExperienceRewriter:
             its decisions on training tasks are out of sample as on any other task (what a learner
             scoring proposals on the training tasks needs); named in ``identity`` as ``loo``.
         actions: choose only among these (default: every action some training task has an outcome
-            for). A replay answers only recorded actions, so a replayed run passes
-            ``common_actions()``: see ``with_actions``. Named in ``identity`` when given.
+            for). A replay answers only recorded actions, so a replayed run fits with
+            ``from_recording(..., common_actions_only=True)``. Named in ``identity`` when given.
     """
 
     def __init__(
@@ -137,10 +137,12 @@ class ExperienceRewriter:
         source: str = "ncu",
         train: Callable[[str], bool] = is_tuning_task,
         leave_one_out: bool = False,
+        common_actions_only: bool = False,
     ) -> ExperienceRewriter:
         """Fit on the action rows and profiles of ``recording`` (one folder, or several read together,
         e.g. the recordings of two cards) for the tasks ``train(task_hash)`` keeps (default: the tuning
-        split). Raises ``FileNotFoundError``/``ValueError`` naming what is missing."""
+        split). ``common_actions_only``: choose among ``common_actions()`` only, what a replay of tasks
+        recorded like these can answer. Raises ``FileNotFoundError``/``ValueError`` naming what is missing."""
         from autoprofiler.profiling.cache import profile_from_record
         from autoprofiler.tables import ProfileTable, RewardTable
 
@@ -174,7 +176,8 @@ class ExperienceRewriter:
             raise ValueError(
                 f"no training task with a {source} profile and action rows in {', '.join(map(str, roots))}"
             )
-        return cls(experience, k=k, source=source, leave_one_out=leave_one_out)
+        fitted = cls(experience, k=k, source=source, leave_one_out=leave_one_out)
+        return fitted.with_actions(fitted.common_actions()) if common_actions_only else fitted
 
     def common_actions(self) -> list[str]:
         """The actions *every* training task has an outcome for, in catalog order.
