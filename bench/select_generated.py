@@ -61,11 +61,11 @@ def main(argv=None) -> int:
     p.add_argument(
         "--count",
         type=int,
-        default=400,
+        default=480,
         help="tasks to choose: 255 at first, then 275 and 290 as tasks failed the GPU time filter, and 320 "
         "so that 300 complete tasks do not hang on the last few, then 400 so that 300 of them are H200 "
-        "tasks (the rule keeps the first choices as "
-        "they were: a larger count appends)",
+        "tasks, then 480 so that an H100 call can record new tasks and still leave 60 for the H200 (the "
+        "rule keeps the first choices as they were: a larger count appends)",
     )
     args = p.parse_args(argv)
     import pyarrow.parquet as pq
