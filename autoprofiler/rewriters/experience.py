@@ -66,6 +66,11 @@ def _squash(value: float) -> float:
     return math.copysign(math.log1p(abs(value)), value)
 
 
+def _recorded_for_every_task(experience: Sequence[Experience]) -> list[str]:
+    """The catalog's actions every training task has an outcome for, in catalog order."""
+    return [a for a in ACTIONS if all(a in e.outcomes for e in experience)]
+
+
 def _features(profile: Profile) -> dict[str, float]:
     """The profile's task-level metrics, squashed (``derived__*`` included: they are the group's)."""
     out = {}
@@ -176,8 +181,8 @@ class ExperienceRewriter:
             raise ValueError(
                 f"no training task with a {source} profile and action rows in {', '.join(map(str, roots))}"
             )
-        fitted = cls(experience, k=k, source=source, leave_one_out=leave_one_out)
-        return fitted.with_actions(fitted.common_actions()) if common_actions_only else fitted
+        actions = _recorded_for_every_task(experience) if common_actions_only else None
+        return cls(experience, k=k, source=source, leave_one_out=leave_one_out, actions=actions)
 
     def common_actions(self) -> list[str]:
         """The actions *every* training task has an outcome for, in catalog order.
@@ -186,7 +191,7 @@ class ExperienceRewriter:
         recorded only where the playbook reaches it) for some: fitted on those too, the neighbours of a
         task lacking it can choose it, and a replay has no outcome to answer with.
         """
-        return [a for a in self._actions if all(a in e.outcomes for e in self.experience)]
+        return [a for a in _recorded_for_every_task(self.experience) if a in self._actions]
 
     def with_actions(self, actions: Sequence[str]) -> ExperienceRewriter:
         """The same fit choosing only among ``actions`` (e.g. ``common_actions()`` for a replay)."""
