@@ -1,0 +1,74 @@
+"""bench/repeat_measurements.py on a recording whose run was measured twice (CPU, seconds).
+
+The second measurement is a copy of one real H100 run with every speedup scaled, so the pairs, the
+speedup ratio and the flips across 1.0 are known in advance; the profiles are copied unchanged, so
+their metrics must agree exactly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import shutil
+from pathlib import Path
+
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+ROOT = Path(__file__).resolve().parents[1]
+RUN = "run=20261205T103621-0caa8f"
+
+
+def _load():
+    path = ROOT / "bench" / "repeat_measurements.py"
+    spec = importlib.util.spec_from_file_location("repeat_measurements", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _recording(tmp_path: Path, scale: float) -> Path:
+    """One real run, plus a second run holding the same keys with every speedup times ``scale``.
+
+    The copies keep their ``created_at``; ties sort by run name, and ``again`` sorts after the digits.
+    """
+    rec = tmp_path / "rec"
+    for table in ("profiles", "rewards"):
+        source = ROOT / "datasets" / "recorded" / "h100" / table / RUN
+        shutil.copytree(source, rec / table / RUN)
+        again = rec / table / "run=again"
+        again.mkdir(parents=True)
+        for part in sorted(source.glob("*.parquet")):
+            frame = pq.read_table(part)
+            if table == "rewards":
+                index = frame.schema.get_field_index("speedup")
+                frame = frame.set_column(index, "speedup", pc.multiply(frame["speedup"], scale))
+            pq.write_table(frame, again / part.name)
+    return rec
+
+
+def test_scaled_copy_gives_the_known_ratio_and_flips(tmp_path):
+    bench = _load()
+    rec = _recording(tmp_path, scale=1.10)
+    reward_pairs = bench.pairs(bench.repeated(rec / "rewards"))
+    original = pq.read_table(ROOT / "datasets" / "recorded" / "h100" / "rewards" / RUN).to_pylist()
+    assert len(reward_pairs) == len({row["key"] for row in original})
+    summary = bench.reward_summary(reward_pairs)
+    action = summary["action"]
+    assert math.isclose(math.exp(action["speedup_abs_log_ratio"]["median"]), 1.10, rel_tol=1e-9)
+    assert action["within_5pct"] == 0 and action["correct_agree"] == action["pairs"]
+    first = [row for row in original if row["kind"] == "action" and row["correct"] and row["speedup"]]
+    expected_flips = sum(row["speedup"] <= 1 < row["speedup"] * 1.10 for row in first)
+    assert action["side_of_1_flips"] == expected_flips
+    profiles = bench.profile_summary(bench.pairs(bench.repeated(rec / "profiles")))
+    assert profiles and all(s["metric_rel"]["max"] == 0 and s["kernel_count_agree"] == s["pairs"]
+                            for s in profiles.values())
+
+
+def test_cli_rejects_a_folder_that_is_not_a_recording(tmp_path, capsys):
+    bench = _load()
+    try:
+        bench.main([str(tmp_path)])
+    except SystemExit as exc:
+        assert exc.code == 2
+    assert "has no profiles/ folder: not a recording" in capsys.readouterr().err
