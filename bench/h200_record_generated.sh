@@ -14,7 +14,8 @@
 # DROP_ERROR="out of memory": first drop this card's reward rows whose error contains it (an evaluator
 # fault since fixed), so step 2 evaluates them again; run bench/drop_reward_rows.py the same way here.
 # Then here: unpack $OUT/rec.tgz over the repo root (datasets/recorded/<card>, datasets/ops_gen/gpu_verdicts.*)
-# and commit before the next call.
+# and commit BEFORE the next call: the device works on a copy of this tree, so a call started before the
+# last one's rows are unpacked here measures those cells again (261 cells twice on 2026-12-06).
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD:${PYTHONPATH:-} RAY_USAGE_STATS_ENABLED=0
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -47,7 +48,7 @@ FILTER_S=${FILTER_SECONDS:-90}
 timeout -k 5 $((FILTER_S + 30)) python3 datasets/ops_gen/filter_gpu.py --stage time --device cuda \
   --only $REC/selection.txt --max-seconds "$FILTER_S" --timeout 60 > "$OUT/filter_time.log" 2>&1
 echo "time filter rc=$?: $(tail -1 "$OUT/filter_time.log")"
-python3 - "$REC" <<'PY'
+python3 - "$REC" <<'PY' || exit 2
 import json, os, sys
 from pathlib import Path
 import pyarrow.dataset as ds
@@ -67,6 +68,8 @@ for other in Path("datasets/recorded").glob("*/profiles"):
         held |= profiled(other)
 ids = [i for i in ids if i not in held]
 if os.environ.get("NEW_TASKS", "1") == "0":
+    if not (rec / "profiles").is_dir():
+        sys.exit(f"NEW_TASKS=0: {rec} holds no profiles yet, so there is no task to finish")
     ids = [i for i in ids if i in profiled(rec / "profiles")]
 text = (rec / "record.yaml").read_text().splitlines()
 text = [f"filter: {json.dumps(ids)}" if ln.startswith("filter:") else ln for ln in text]

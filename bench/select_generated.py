@@ -62,10 +62,9 @@ def main(argv=None) -> int:
         "--count",
         type=int,
         default=480,
-        help="tasks to choose: 255 at first, then 275 and 290 as tasks failed the GPU time filter, and 320 "
-        "so that 300 complete tasks do not hang on the last few, then 400 so that 300 of them are H200 "
-        "tasks, then 480 so that an H100 call can record new tasks and still leave 60 for the H200 (the "
-        "rule keeps the first choices as they were: a larger count appends)",
+        help="tasks to choose (default: the committed selection's size). The rule keeps the first choices "
+        "as they were, so a larger count appends; grow it when too few chosen tasks pass the GPU time "
+        "filter and are free of every card's recording",
     )
     args = p.parse_args(argv)
     import pyarrow.parquet as pq

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 import shutil
 import time
@@ -453,15 +454,19 @@ class SlowBatchProfiler(BatchProfiler):
         return super().collect_many(tasks, groups)
 
 
-def test_record_starts_no_batch_that_would_end_past_the_budget(tmp_path):
+def test_record_starts_no_batch_that_would_end_past_the_budget(tmp_path, caplog):
     """A batch of about 1 s in a 1.6 s budget: the second would end past it, so it does not start (a
-    device call's hard limit would kill it half-way), and the chunk's actions wait with it."""
+    device call's hard limit would kill it half-way), and the chunk's actions wait with it. The log
+    does not call a chunk recorded that was not, and no later chunk is started."""
     groups = list(fx.RECORDED_GROUPS)
     prof = SlowBatchProfiler(1.0)
     env = LiveEnvironment(prof, RuleRewriter(), ScriptedEvaluator(), tmp_path)
-    summary = record(TASKS[:4], env, groups, chunk=2, max_seconds=1.6)
+    with caplog.at_level(logging.INFO, logger="autoprofiler.environments.recording"):
+        summary = record(TASKS[:4], env, groups, chunk=2, max_seconds=1.6)
     assert len(prof.batches) == 1 and not summary["complete"]
     assert summary["profile_rows"] == 2 and summary["evaluations"] == 0
+    assert "tasks 1-2 of 4: not all recorded" in caplog.text
+    assert "recorded tasks" not in caplog.text and "3-4" not in caplog.text
 
 
 def test_derive_configuration_rows_from_actions_and_profiles(tmp_path):

@@ -197,13 +197,17 @@ def _record_in_chunks(
     failures: list[dict[str, str]] = []
     complete, done_actions = True, []
     for i in range(0, len(tasks), chunk):
-        if budget.out_of_time():
+        if budget.out_of_time() or not budget.fits_a_batch():  # the chunk's first batch would not end in time
             complete = False
             break
         part = _record_part(
             tasks[i : i + chunk], env, groups, configurations, seeds, budget, joint, joint_batch, actions
         )
-        logger.info("recorded tasks %d-%d of %d", i + 1, min(i + chunk, len(tasks)), len(tasks))
+        span = (i + 1, min(i + chunk, len(tasks)), len(tasks))
+        if part["complete"]:
+            logger.info("recorded tasks %d-%d of %d", *span)
+        else:
+            logger.info("tasks %d-%d of %d: not all recorded (failures or the time budget)", *span)
         failures += part["failures"]
         complete = complete and part["complete"]
         done_actions = list(dict.fromkeys(done_actions + part["actions"]))
