@@ -437,3 +437,93 @@ def test_out_of_memory_while_sending_outputs_says_so():
     assert failed["op"] == "failed" and failed["kind"] == "runtime_error", failed
     assert failed["out_of_memory"] is True and "sending the timed outputs" in failed["error"]
     assert "(its share of device memory: 21 GiB)" in failed["error"], failed["error"]
+
+
+@pytest.mark.parametrize("other_evaluation", [True, False])
+def test_too_large_for_the_memory_others_hold_waits_and_is_the_evaluators_error(
+    tmp_path, monkeypatch, other_evaluation
+):
+    """A task that does not fit the memory free now (2 GiB of an 80 GiB device) but fits the device
+    alone: with another evaluation in the ledger, what that one holds is why, so the plan waits for room
+    and, given none, fails as the evaluator's error (nothing recorded, evaluated again later); with
+    none, the device is simply too small for it now, and the plan says so at once (``None``)."""
+    import json
+
+    gib = 2**30
+    ledger = role_module("ledger")
+    reference = role_module("reference")
+    path = tmp_path / "ledger.json"
+    others = {ledger.process_key(os.getppid()): gib} if other_evaluation else {}
+    path.write_text(json.dumps(others))
+    referee = object.__new__(reference.Referee)
+    referee.cfg = {"memory_ledger": str(path), "timeout_s": 2.0}  # waits up to 0.5 s
+    referee.beside, referee.phase_name, referee.built, referee.tools = None, "planning", True, None
+    referee.phase = lambda name: None  # no parent to tell
+    sizes = memory.Sizes(
+        inputs=4 * gib, outputs=gib, peak=gib, model=0, compare=0, flush=0, cuda=True, block_outputs=0
+    )
+    budget = memory.Budget(pair=2 * gib, process=None, free=2 * gib, source="free", total=80 * gib)
+    assert memory.choose(sizes, budget, 5, 3, 1) is None
+    monkeypatch.setattr(memory, "measure_budget", lambda tools, held, budget_gb: budget)
+    if other_evaluation:
+        with pytest.raises(Failure) as failed:
+            referee.choose_layout(sizes, budget, (5, 3, 1))
+        assert failed.value.kind == "evaluator_error" and "no room for this task" in failed.value.message
+    else:
+        assert referee.choose_layout(sizes, budget, (5, 3, 1)) == (None, budget)
+
+
+OOM_TAIL = "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB."
+
+
+@pytest.mark.parametrize(
+    "beside, tail, expected",
+    [
+        ((5, 60 * 2**30), OOM_TAIL, "evaluator_error"),
+        ((5, 60 * 2**30), "Segmentation fault", "crashed"),  # died of something else
+        (None, OOM_TAIL, "crashed"),  # alone
+        ((5, 20 * 2**30), "CUDA out of memory", "crashed"),  # its share alone was no larger
+    ],
+)
+def test_candidate_killed_by_an_allocation_at_a_crowded_share_is_the_evaluators_error(beside, tail, expected):
+    """The candidate's process dies of a failed allocation (its log ends in CUDA's out-of-memory error,
+    as a CUDA graph capture that runs out does): at a share other evaluations had shrunk (21 GiB, 60 GiB
+    alone) that is the evaluator's error (no row; evaluated again, last alone); alone, at a share no
+    smaller than alone, or of anything else, it is the candidate's crash."""
+    from autoprofiler.evaluation.evaluator import candidate_died
+
+    referee = object.__new__(role_module("reference").Referee)  # only the fields failed() reads
+    referee.built, referee.beside = True, beside
+    referee.candidate_memory = {"cap_bytes": 21 * 2**30}
+    died = Failure("crashed", "the candidate's process died during correctness trial 0", compiled=True)
+    died.candidate_died = True
+    raw = referee.failed(died)
+    assert raw["candidate_died"] and ("crowded" in raw) == (beside == (5, 60 * 2**30))
+    candidate_died(raw, "exit code 1", tail)
+    assert raw["error_kind"] == expected and tail in raw["error"]
+    if expected == "evaluator_error":
+        assert raw["error"].startswith("the candidate's process ran out of memory at its share of 21 GiB")
+
+
+@pytest.mark.parametrize("other_evaluation", [True, False])
+def test_reference_out_of_memory_before_the_build_beside_others_is_the_evaluators_error(
+    tmp_path, other_evaluation
+):
+    """The reference process runs out of memory running the reference, before any plan: beside another
+    evaluation in the ledger that may be all the memory it lacked (the evaluator's error, evaluated
+    again, last alone); alone the task is too large for the device (the task's runtime_error)."""
+    import json
+
+    ledger = role_module("ledger")
+    path = tmp_path / "ledger.json"
+    path.write_text(json.dumps({ledger.process_key(os.getppid()): 2**30} if other_evaluation else {}))
+    referee = object.__new__(role_module("reference").Referee)  # only the fields out_of_memory reads
+    referee.cfg = {"memory_ledger": str(path)}
+    referee.built, referee.phase_name, referee.details = False, "running the reference", {}
+    result = referee.out_of_memory(MemoryError("CUDA out of memory. Tried to allocate 1.50 GiB"))
+    if other_evaluation:
+        assert result["error_kind"] == "evaluator_error"
+        assert "beside 1 other evaluation on the device" in result["error"], result["error"]
+    else:
+        assert result["error_kind"] == "runtime_error"
+        assert result["error"].startswith("the task is too large for this device"), result["error"]

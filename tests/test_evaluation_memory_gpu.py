@@ -210,6 +210,45 @@ def test_candidate_crowded_out_beside_other_evaluations_is_the_evaluators_error(
     assert result.correct, result.summary()
 
 
+HALF_GREEDY_DIES = """
+import os
+import sys
+
+import torch
+import torch.nn as nn
+
+
+class ModelNew(nn.Module):
+    def forward(self, x):
+        total = torch.cuda.get_device_properties(x.device).total_memory
+        try:
+            scratch = torch.empty(int(0.5 * total), dtype=torch.uint8, device=x.device)
+        except torch.OutOfMemoryError as exc:  # dies of it, as a CUDA graph capture that runs out does
+            sys.stderr.write(f"torch.OutOfMemoryError: {exc}\\n")
+            sys.stderr.flush()
+            os._exit(1)
+        del scratch
+        torch.cuda.empty_cache()
+        return torch.relu(x)
+"""
+
+
+def test_candidate_dying_of_a_crowded_allocation_is_the_evaluators_error(evaluator, tmp_path):
+    """As above, but the candidate's process dies of the failed allocation instead of raising it: still
+    the evaluator's error (no row), not the candidate's crash; without the reservation, correct."""
+    ledger = role_module("ledger")
+    path = tmp_path / "ledger.json"
+    path.write_text(json.dumps({ledger.process_key(os.getpid()): device_bytes() // 2}))
+    task = load_tiny_task("relu_cuda")
+    config = replace(GPU, memory_ledger=str(path))
+    with pytest.raises(EvaluatorError, match="ran out of memory at its share"):
+        evaluator.evaluate(task, HALF_GREEDY_DIES, config=config)
+    path.write_text("{}")
+    result = evaluator.evaluate(task, HALF_GREEDY_DIES, config=config)
+    _record("half_greedy_dies_alone", result)
+    assert result.correct, result.summary()
+
+
 def test_task_too_large_for_the_gpu_is_a_clear_error(evaluator):
     """An RMSNorm whose input is 0.3 of the GPU (its forward 0.6: two processes cannot both hold it): a
     runtime_error saying it is too large, not a TaskError or an out-of-memory traceback; the same

@@ -74,9 +74,7 @@ def serve(job: dict, tools: harness.Tools, channel: harness.Channel, link: harne
         try:
             result = referee.run()
         except Failure as f:
-            result = {"compiled": f.compiled, "correct": False, "error_kind": f.kind, "error": f.message}
-            if f.kind == "crashed" and getattr(f, "candidate_died", False):
-                result["candidate_died"] = True
+            result = referee.failed(f)
         except BaseException as exc:
             if _memory.is_oom(referee.torch, exc):
                 result = referee.out_of_memory(exc)
@@ -176,6 +174,18 @@ class Referee:
             if crowded:
                 return Failure("evaluator_error", f"{crowded}: {text}", compiled=self.built)
         return Failure(kind, text, compiled=self.built or kind == "suspicious")
+
+    def failed(self, f: Failure) -> dict:
+        """The result of an evaluation ``f`` ended. When the candidate's process died, the parent reads
+        its log; ``crowded`` (set when other evaluations had shrunk its share) lets the parent call a
+        death by a failed allocation the evaluator's error."""
+        result = {"compiled": f.compiled, "correct": False, "error_kind": f.kind, "error": f.message}
+        if f.kind == "crashed" and getattr(f, "candidate_died", False):
+            result["candidate_died"] = True
+            crowded = self.crowded_out()
+            if crowded:
+                result["crowded"] = crowded
+        return result
 
     def crowded_out(self) -> str | None:
         """``_memory.crowded_out`` for this evaluation's plan: the candidate's share and what it would
@@ -455,10 +465,12 @@ class Referee:
         chosen plan's bytes reserved. A task that fits the device alone but not beside them waits for
         room, up to ``LEDGER_WAIT`` of ``timeout_s``, then fails as the evaluator's error (the
         candidate is not at fault; nothing is recorded, and a resumed run evaluates it again).
+        A task that does not fit the memory free now, while other evaluations in the ledger hold part of
+        it, but fits the device alone waits the same way: its size is not its fault either.
         Returns the layout (``None``: too large even alone) and the budget it was chosen in."""
         path = self.cfg.get("memory_ledger")
         alone = _memory.choose(sizes, budget, *counts)
-        if not path or alone is None:
+        if not path or (alone is None and not self.fits_without_the_others(sizes, budget, counts, path)):
             return alone, budget
         wait_s = LEDGER_WAIT * float(self.cfg.get("timeout_s", 300.0))
         give_up = time.monotonic() + wait_s
@@ -490,10 +502,28 @@ class Referee:
             time.sleep(LEDGER_POLL_S)
             budget = _memory.measure_budget(self.tools, held, self.cfg.get("memory_budget_gb"))
 
+    def others_on_the_device(self) -> int:
+        """How many other live evaluations the ``memory_ledger`` lists (0 without one)."""
+        path = self.cfg.get("memory_ledger")
+        if not path:
+            return 0
+        with _ledger.Ledger(path) as book:
+            return book.count()
+
+    def fits_without_the_others(self, sizes, budget, counts: tuple[int, int, int], path: str) -> bool:
+        """Whether the ledger lists other live evaluations and the task would fit the device without
+        them (``_memory.alone``): what they hold now is why ``budget`` is too small."""
+        if not self.others_on_the_device():
+            return False
+        whole = _memory.alone(budget, self.cfg.get("memory_budget_gb"))
+        return _memory.choose(sizes, whole, *counts) is not None
+
     def out_of_memory(self, exc: BaseException) -> dict:
         """The result when an allocation failed in this process: before the build the task is too large
-        for the device; after it, something else (the candidate's process beyond its share, another
-        process on the device) took memory the plan counted on."""
+        for the device, unless other evaluations in the ledger hold memory (then it is the evaluator's
+        error, and the recording evaluates the cell again, last alone); after it, something else (the
+        candidate's process beyond its share, another process on the device) took memory the plan
+        counted on."""
         plan = self.details.get("memory_plan", {})
         gib = _memory.gib
         planned = (
@@ -502,6 +532,14 @@ class Referee:
             if "reference_bytes" in plan
             else ""
         )
+        others = 0 if self.built else self.others_on_the_device()
+        if others:  # what the other evaluations hold may be all that is missing: not the task's fault
+            text = (
+                f"the reference process ran out of memory beside {others} other evaluation"
+                f"{'s' if others != 1 else ''} on the device (not the task's fault; evaluated again) during "
+                f"{self.phase_name}: {harness.describe(exc, 600)}"
+            )
+            return {"compiled": False, "correct": False, "error_kind": "evaluator_error", "error": text}
         if not self.built:
             text = "the task is too large for this device: the reference process ran out of memory during "
         else:

@@ -63,6 +63,20 @@ log = logging.getLogger(__name__)
 
 # Fields that shape a worker when it starts; a per-call config may not change them.
 _SPAWN_FIELDS = ("device", "task_size", "memory_limit_gb")
+# what a process killed by a failed allocation leaves at the end of its log (CUDA's and the CPU's)
+_OUT_OF_MEMORY = ("CUDA out of memory", "OutOfMemoryError", "MemoryError", "can't allocate memory")
+
+
+def candidate_died(raw: dict, exit_reason: str, log_tail: str) -> None:
+    """Complete the reference process's result ``raw`` for a candidate whose process died: the error
+    gets how it ended and its log's tail; a death by a failed allocation (the tail ends in an
+    out-of-memory error) at a share other evaluations had shrunk (``raw["crowded"]``) is the evaluator's
+    error, like a caught one, so nothing is recorded and the cell is evaluated again, last alone. The
+    tail is the candidate's to write: the most a forged one gets is that later evaluation.
+    """
+    raw["error"] = f"{raw.get('error')} ({exit_reason}; {log_tail})"
+    if raw.get("crowded") and any(text in log_tail for text in _OUT_OF_MEMORY):
+        raw["error_kind"], raw["error"] = "evaluator_error", f"{raw['crowded']}: {raw['error']}"
 
 
 def identity_candidate(task_source: str) -> str:
@@ -263,8 +277,7 @@ class Evaluator:
             raw, kind, reason = pair.run(ref_job, cand_job, cfg.timeout_s)
             if raw is not None and raw.get("candidate_died"):
                 pair.cand.kill()
-                reason = f"{pair.cand.exit_reason()}; {pair.cand.log_tail()}"
-                raw["error"] = f"{raw.get('error')} ({reason})"
+                candidate_died(raw, pair.cand.exit_reason(), pair.cand.log_tail())
             pids = {"pid": pair.cand.pid, "reference_pid": pair.ref.pid}
             workers = {"candidate_worker": pair.cand.info, "reference_worker": pair.ref.info}
         finally:
