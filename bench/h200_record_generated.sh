@@ -11,6 +11,8 @@
 # device tool serves with another card costs only its start.
 # NEW_TASKS=0: record only the tasks this card's recording already holds rows of (finish them; leave the
 # selection's new tasks to the other card).
+# RESERVE_FOR_H200=70 (default): a card other than the H200 starts new tasks only while more than this
+# many selected tasks that passed the filter stay free of every card (the H200 needs 60 more for 300).
 # DROP_ERROR="out of memory": first drop this card's reward rows whose error contains it (an evaluator
 # fault since fixed), so step 2 evaluates them again; run bench/drop_reward_rows.py the same way here.
 # Then here: unpack $OUT/rec.tgz over the repo root (datasets/recorded/<card>, datasets/ops_gen/gpu_verdicts.*)
@@ -67,10 +69,17 @@ for other in Path("datasets/recorded").glob("*/profiles"):
     if other.parent != rec:
         held |= profiled(other)
 ids = [i for i in ids if i not in held]
+mine = profiled(rec / "profiles") if (rec / "profiles").is_dir() else set()
 if os.environ.get("NEW_TASKS", "1") == "0":
-    if not (rec / "profiles").is_dir():
+    if not mine:
         sys.exit(f"NEW_TASKS=0: {rec} holds no profiles yet, so there is no task to finish")
-    ids = [i for i in ids if i in profiled(rec / "profiles")]
+    ids = [i for i in ids if i in mine]
+elif rec.name != "h200":  # leave the H200 the free tasks it still needs
+    reserve = int(os.environ.get("RESERVE_FOR_H200", "70"))
+    new = [i for i in ids if i not in mine]
+    take = new[: max(0, len(new) - reserve)]
+    print(f"{len(new)} free tasks: {len(take)} may start here, {len(new) - len(take)} stay for the H200")
+    ids = [i for i in ids if i in mine or i in set(take)]
 text = (rec / "record.yaml").read_text().splitlines()
 text = [f"filter: {json.dumps(ids)}" if ln.startswith("filter:") else ln for ln in text]
 Path("/tmp/record_generated.yaml").write_text("\n".join(text) + "\n")
