@@ -6,7 +6,8 @@ data on one card: the same task, group or action, the same code, measured again 
 fresh process. This prints, for the reward rows, how often correctness agrees and how far the two
 speedups (and the reference and candidate times) are apart; and for the profile rows, per ncu group,
 how far the task-level metrics are apart (the kernel duration separately) and whether the kernel
-count agrees. The spread says which speedup differences between policies are inside timing noise.
+count agrees; and how much of the per-task oracle's lead over blind survives choosing on one call and
+scoring on the other. The spread says which speedup differences between policies are inside timing noise.
 
     python bench/repeat_measurements.py datasets/recorded/h100 --out bench/results/repeat_measurements_h100
 """
@@ -124,8 +125,50 @@ def identity_summary(folder: Path) -> dict:
     }
 
 
+def winners_curse(rows: list[tuple[dict, dict]], blind: str = "torch_compile") -> dict:
+    """The per-task oracle over the rule actions, chosen and scored on one call, against chosen on one
+    call and scored on the other (both ways round), each relative to ``blind``'s action scored on the
+    same call as the oracle. The gap between the two ratios is the oracle's winner's curse: part of a
+    max over noisy measurements is the noise. Tasks count when both calls measured every action the
+    task has rows for, ``blind``'s among them; outcomes are effective speedups (a wrong candidate 1.0x)."""
+    calls: dict[str, tuple[dict, dict]] = {}
+    for a, b in rows:
+        if a["kind"] != "action":
+            continue
+        first, second = calls.setdefault(a["task_id"], ({}, {}))
+        first[a["action"]], second[a["action"]] = a["effective_speedup"], b["effective_speedup"]
+    tasks = [
+        (first, second)
+        for first, second in calls.values()
+        if blind in first and len(first) > 1 and all(v for v in [*first.values(), *second.values()])
+    ]
+    if not tasks:
+        return {"tasks": 0}
+    in_sample, cross, changed = [], [], 0
+    for first, second in tasks:
+        for pick, score in ((first, second), (second, first)):
+            best = max(pick, key=pick.get)
+            in_sample.append(math.log(pick[best] / pick[blind]))
+            cross.append(math.log(score[best] / score[blind]))
+        changed += max(first, key=first.get) != max(second, key=second.get)
+    n = len(in_sample)
+    return {
+        "tasks": len(tasks),
+        "blind": blind,
+        "oracle_in_sample_over_blind": math.exp(sum(in_sample) / n),
+        "oracle_cross_call_over_blind": math.exp(sum(cross) / n),
+        "best_action_differs": changed,
+    }
+
+
 def markdown(
-    recording: Path, rewards: dict, profiles: dict, identity: dict, tasks: int, runs: list[str]
+    recording: Path,
+    rewards: dict,
+    profiles: dict,
+    identity: dict,
+    curse: dict,
+    tasks: int,
+    runs: list[str],
 ) -> str:
     """The three tables as Markdown."""
     pct = lambda x: "-" if math.isnan(x) else f"{100 * x:.1f}%"  # noqa: E731
@@ -155,6 +198,26 @@ def markdown(
         "",
         "The speedup ratio is max/min of the two speedups of one cell. A flip across 1.0: one run says"
         " faster, the other slower; beyond ±5%: one says more than 1.05x, the other less than 1/1.05x.",
+        "",
+        "## The per-task oracle's winner's curse",
+        "",
+    ]
+    if curse["tasks"]:
+        lines += [
+            f"| tasks | oracle / {curse['blind']}, chosen and scored on one call |"
+            " chosen on one call, scored on the other | best action differs between calls |",
+            "|---:|---:|---:|---:|",
+            f"| {curse['tasks']} | {curse['oracle_in_sample_over_blind']:.3f} | "
+            f"{curse['oracle_cross_call_over_blind']:.3f} | {curse['best_action_differs']} |",
+            "",
+            "Geometric means over both directions (call 1 picks and call 2 scores, and the reverse); the"
+            f" blind action `{curse['blind']}` is scored on the same call as the oracle it is compared"
+            " with. The first ratio is what a replay of one recording reports for the oracle; the second"
+            " is what choosing the best action per task is worth on a fresh measurement.",
+        ]
+    else:
+        lines.append("No task has every action measured on both calls.")
+    lines += [
         "",
         "## The identity candidate on every task (one measurement each)",
         "",
@@ -196,13 +259,15 @@ def main(argv: list[str]) -> int:
     tasks = len(set(reward_rows["task_id"].to_list()) | set(profile_rows["task_id"].to_list()))
     rewards, profiles = reward_summary(pairs(reward_rows)), profile_summary(pairs(profile_rows))
     identity = identity_summary(args.recording / "rewards")
-    text = markdown(args.recording, rewards, profiles, identity, tasks, runs)
+    curse = winners_curse(pairs(reward_rows))
+    text = markdown(args.recording, rewards, profiles, identity, curse, tasks, runs)
     print(text)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.with_suffix(".md").write_text(text)
         payload = {"recording": str(args.recording), "tasks": tasks, "runs": runs,
-                   "rewards": rewards, "profiles": profiles, "identity": identity}
+                   "rewards": rewards, "profiles": profiles, "identity": identity,
+                   "winners_curse": curse}
         args.out.with_suffix(".json").write_text(json.dumps(payload, indent=1) + "\n")
     return 0
 

@@ -60,6 +60,9 @@ def test_scaled_copy_gives_the_known_ratio_and_flips(tmp_path):
     first = [row for row in original if row["kind"] == "action" and row["correct"] and row["speedup"]]
     expected_flips = sum(row["speedup"] <= 1 < row["speedup"] * 1.10 for row in first)
     assert action["side_of_1_flips"] == expected_flips
+    curse = bench.winners_curse(reward_pairs)  # effective speedups were copied unscaled: no gap
+    assert curse["tasks"] > 0 and curse["best_action_differs"] == 0
+    assert curse["oracle_in_sample_over_blind"] == curse["oracle_cross_call_over_blind"]
     profiles = bench.profile_summary(bench.pairs(bench.repeated(rec / "profiles")))
     assert profiles and all(s["metric_rel"]["max"] == 0 and s["kernel_count_agree"] == s["pairs"]
                             for s in profiles.values())
@@ -72,3 +75,25 @@ def test_cli_rejects_a_folder_that_is_not_a_recording(tmp_path, capsys):
     except SystemExit as exc:
         assert exc.code == 2
     assert "has no profiles/ folder: not a recording" in capsys.readouterr().err
+
+
+def test_winners_curse_is_the_gap_between_choosing_and_scoring_on_one_call_or_two():
+    """Two actions measured twice with noise that swaps their order: the oracle chosen and scored on one
+    call leads blind; chosen on one call and scored on the other, it trails. Identical calls leave no gap.
+    Call 1 picks tf32 (1.1 vs 1.0), which call 2 scores 1.0 against blind's 1.1; call 2 picks blind."""
+    bench = _load()
+
+    def rows(task, first, second):
+        return [
+            ({"kind": "action", "task_id": task, "action": a, "effective_speedup": x},
+             {"kind": "action", "task_id": task, "action": a, "effective_speedup": y})
+            for a, (x, y) in zip(("torch_compile", "tf32"), zip(first, second, strict=True), strict=True)
+        ]
+
+    noisy = bench.winners_curse(rows("t", (1.0, 1.1), (1.1, 1.0)))
+    assert noisy["tasks"] == 1 and noisy["best_action_differs"] == 1
+    assert math.isclose(noisy["oracle_in_sample_over_blind"], math.sqrt(1.1))
+    assert math.isclose(noisy["oracle_cross_call_over_blind"], math.sqrt(1 / 1.1))
+    same = bench.winners_curse(rows("t", (1.0, 1.2), (1.0, 1.2)))
+    assert same["oracle_in_sample_over_blind"] == same["oracle_cross_call_over_blind"] == 1.2
+    assert bench.winners_curse(rows("t", (None, 1.2), (1.0, 1.2))) == {"tasks": 0}
