@@ -43,14 +43,8 @@ if [ ! -f $REC/record.yaml ]; then
     datasets/recorded/h200/record.yaml > $REC/record.yaml
 fi
 echo "GPU $GPU: recording into $REC"
-# $REC/last_call.json names the git sha the last recording call here was sent. The same sha again means
-# this tree was sent before that call's rec.tgz was unpacked and committed: its cells would be measured
-# twice (SAME_SHA_OK=1 records anyway).
-if [ -n "${AUTOPROFILER_GIT_SHA:-}" ] && [ "${SAME_SHA_OK:-0}" != 1 ] && [ -f $REC/last_call.json ] \
-   && grep -q "\"git_sha\": \"$AUTOPROFILER_GIT_SHA\"" $REC/last_call.json; then
-  echo "the last call into $REC was sent git sha $AUTOPROFILER_GIT_SHA too: unpack and commit its rec.tgz first"
-  exit 2
-fi
+source bench/lib_last_call.sh
+check_last_call $REC || exit 2
 if [ -n "${DROP_ERROR:-}" ] && [ -d $REC/rewards ]; then
   python3 bench/drop_reward_rows.py $REC/rewards --error-contains "$DROP_ERROR" | tail -3
 fi
@@ -98,8 +92,7 @@ source bench/lib_pack.sh
 start_packing "$OUT/rec.tgz" $REC datasets/ops_gen/gpu_verdicts.jsonl datasets/ops_gen/gpu_verdicts.parquet
 BUDGET_REC=$(( $(left) - 45 ))
 if [ "$BUDGET_REC" -gt 60 ]; then
-  printf '{"git_sha": "%s", "gpu": "%s", "started": "%s"}\n' "${AUTOPROFILER_GIT_SHA:-}" "$GPU" \
-    "$(date -u +%Y-%m-%dT%H:%M:%SZ)" > $REC/last_call.json  # packed with the rows, from the first pack on
+  mark_last_call $REC  # packed with the rows, from the first pack on
   timeout -k 10 $((BUDGET_REC + 40)) python3 workflows/oracle_sweep.py --config /tmp/record_generated.yaml \
     --resume max_seconds=$BUDGET_REC > "$OUT/record_generated.log" 2>&1
   echo "record rc=$?"; grep -v "ncu: profiling:" "$OUT/record_generated.log" | grep -v "^\s" | tail -12

@@ -59,6 +59,9 @@ PY
   COMMON="$COMMON --reachable $REACH" ;;
 *) echo "TARGET: expected suite or generated, got ${TARGET}" >&2; exit 2 ;;
 esac
+source bench/lib_last_call.sh
+check_last_call $REC || exit 2
+mark_last_call $REC
 nvidia-smi --query-gpu=name,driver_version,memory.used --format=csv > $OUT/r/env_playbook.txt 2>&1
 
 left() { echo $(( BUDGET - ($(date +%s) - START) )); }
