@@ -25,9 +25,13 @@ import polars as pl
 DURATION = "gpu__time_duration.sum"
 
 
-def repeated(folder: Path) -> pl.DataFrame:
-    """Rows of the table in ``folder`` whose key occurs more than once, oldest first within a key."""
-    frame = pl.read_parquet(str(folder / "**" / "*.parquet"), hive_partitioning=True)
+def read_table(folder: Path) -> pl.DataFrame:
+    """Every row of the table in ``folder`` (``run=<id>/part-*.parquet``), repeated keys included."""
+    return pl.read_parquet(str(folder / "**" / "*.parquet"), hive_partitioning=True)
+
+
+def repeated(frame: pl.DataFrame) -> pl.DataFrame:
+    """The rows of ``frame`` whose key occurs more than once, oldest first within a key."""
     return frame.filter(pl.col("key").is_duplicated()).sort("key", "created_at", "run")
 
 
@@ -111,9 +115,8 @@ def profile_summary(rows: list[tuple[dict, dict]]) -> dict:
     return out
 
 
-def identity_summary(folder: Path) -> dict:
+def identity_summary(frame: pl.DataFrame) -> dict:
     """Speedup of the ``keep`` action (the task's own code) on every task: its true speedup is 1.0."""
-    frame = pl.read_parquet(str(folder / "**" / "*.parquet"), hive_partitioning=True)
     frame = frame.filter((pl.col("kind") == "action") & (pl.col("action") == "keep") & pl.col("correct"))
     frame = frame.unique("key", keep="first")
     logs = [abs(math.log(x)) for x in frame["speedup"].drop_nulls().to_list() if x > 0]
@@ -254,12 +257,14 @@ def main(argv: list[str]) -> int:
     for name in ("profiles", "rewards"):
         if not (args.recording / name).is_dir():
             parser.error(f"{args.recording} has no {name}/ folder: not a recording")
-    reward_rows, profile_rows = repeated(args.recording / "rewards"), repeated(args.recording / "profiles")
+    reward_table = read_table(args.recording / "rewards")
+    reward_rows, profile_rows = repeated(reward_table), repeated(read_table(args.recording / "profiles"))
     runs = sorted(set(reward_rows["run"].to_list()) | set(profile_rows["run"].to_list()))
     tasks = len(set(reward_rows["task_id"].to_list()) | set(profile_rows["task_id"].to_list()))
-    rewards, profiles = reward_summary(pairs(reward_rows)), profile_summary(pairs(profile_rows))
-    identity = identity_summary(args.recording / "rewards")
-    curse = winners_curse(pairs(reward_rows))
+    reward_pairs = pairs(reward_rows)
+    rewards, profiles = reward_summary(reward_pairs), profile_summary(pairs(profile_rows))
+    identity = identity_summary(reward_table)
+    curse = winners_curse(reward_pairs)
     text = markdown(args.recording, rewards, profiles, identity, curse, tasks, runs)
     print(text)
     if args.out:

@@ -50,7 +50,7 @@ def _recording(tmp_path: Path, scale: float) -> Path:
 def test_scaled_copy_gives_the_known_ratio_and_flips(tmp_path):
     bench = _load()
     rec = _recording(tmp_path, scale=1.10)
-    reward_pairs = bench.pairs(bench.repeated(rec / "rewards"))
+    reward_pairs = bench.pairs(bench.repeated(bench.read_table(rec / "rewards")))
     original = pq.read_table(ROOT / "datasets" / "recorded" / "h100" / "rewards" / RUN).to_pylist()
     assert len(reward_pairs) == len({row["key"] for row in original})
     summary = bench.reward_summary(reward_pairs)
@@ -63,7 +63,7 @@ def test_scaled_copy_gives_the_known_ratio_and_flips(tmp_path):
     curse = bench.winners_curse(reward_pairs)  # effective speedups were copied unscaled: no gap
     assert curse["tasks"] > 0 and curse["best_action_differs"] == 0
     assert curse["oracle_in_sample_over_blind"] == curse["oracle_cross_call_over_blind"]
-    profiles = bench.profile_summary(bench.pairs(bench.repeated(rec / "profiles")))
+    profiles = bench.profile_summary(bench.pairs(bench.repeated(bench.read_table(rec / "profiles"))))
     assert profiles and all(s["metric_rel"]["max"] == 0 and s["kernel_count_agree"] == s["pairs"]
                             for s in profiles.values())
 
