@@ -470,7 +470,7 @@ class Referee:
         Returns the layout (``None``: too large even alone) and the budget it was chosen in."""
         path = self.cfg.get("memory_ledger")
         alone = _memory.choose(sizes, budget, *counts)
-        if not path or (alone is None and not self.fits_without_the_others(sizes, budget, counts, path)):
+        if not path or (alone is None and not self.fits_without_the_others(sizes, budget, counts)):
             return alone, budget
         wait_s = LEDGER_WAIT * float(self.cfg.get("timeout_s", 300.0))
         give_up = time.monotonic() + wait_s
@@ -510,7 +510,7 @@ class Referee:
         with _ledger.Ledger(path) as book:
             return book.count()
 
-    def fits_without_the_others(self, sizes, budget, counts: tuple[int, int, int], path: str) -> bool:
+    def fits_without_the_others(self, sizes, budget, counts: tuple[int, int, int]) -> bool:
         """Whether the ledger lists other live evaluations and the task would fit the device without
         them (``_memory.alone``): what they hold now is why ``budget`` is too small."""
         if not self.others_on_the_device():
