@@ -79,9 +79,9 @@ if os.environ.get("NEW_TASKS", "1") == "0":
 elif rec.name != "h200":  # leave the H200 the free tasks it still needs
     reserve = int(os.environ.get("RESERVE_FOR_H200", "70"))
     new = [i for i in ids if i not in mine]
-    take = new[: max(0, len(new) - reserve)]
+    take = set(new[: max(0, len(new) - reserve)])
     print(f"{len(new)} free tasks: {len(take)} may start here, {len(new) - len(take)} stay for the H200")
-    ids = [i for i in ids if i in mine or i in set(take)]
+    ids = [i for i in ids if i in mine or i in take]
 text = (rec / "record.yaml").read_text().splitlines()
 text = [f"filter: {json.dumps(ids)}" if ln.startswith("filter:") else ln for ln in text]
 Path("/tmp/record_generated.yaml").write_text("\n".join(text) + "\n")
