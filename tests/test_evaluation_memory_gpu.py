@@ -193,23 +193,6 @@ class ModelNew(nn.Module):
 """
 
 
-def test_candidate_crowded_out_beside_other_evaluations_is_the_evaluators_error(evaluator, tmp_path):
-    """With another evaluation's reservation of half the device in the ledger, a candidate allocating
-    half the device exceeds its shrunk share (about 0.35 of it) though alone it would fit: the
-    evaluator's error (no row), not the candidate's runtime_error; without the reservation, correct."""
-    ledger = role_module("ledger")
-    path = tmp_path / "ledger.json"
-    path.write_text(json.dumps({ledger.process_key(os.getpid()): device_bytes() // 2}))
-    task = load_tiny_task("relu_cuda")
-    config = replace(GPU, memory_ledger=str(path))
-    with pytest.raises(EvaluatorError, match="had shrunk from"):
-        evaluator.evaluate(task, HALF_GREEDY, config=config)
-    path.write_text("{}")
-    result = evaluator.evaluate(task, HALF_GREEDY, config=config)
-    _record("half_greedy_alone", result)
-    assert result.correct, result.summary()
-
-
 HALF_GREEDY_DIES = """
 import os
 import sys
@@ -233,19 +216,30 @@ class ModelNew(nn.Module):
 """
 
 
-def test_candidate_dying_of_a_crowded_allocation_is_the_evaluators_error(evaluator, tmp_path):
-    """As above, but the candidate's process dies of the failed allocation instead of raising it: still
-    the evaluator's error (no row), not the candidate's crash; without the reservation, correct."""
+@pytest.mark.parametrize(
+    "source, match, name",
+    [
+        (HALF_GREEDY, "had shrunk from", "half_greedy_alone"),  # the allocation fails and is raised
+        (HALF_GREEDY_DIES, "ran out of memory at its share", "half_greedy_dies_alone"),  # its process dies
+    ],
+)
+def test_candidate_crowded_out_beside_other_evaluations_is_the_evaluators_error(
+    evaluator, tmp_path, source, match, name
+):
+    """With another evaluation's reservation of half the device in the ledger, a candidate allocating
+    half the device exceeds its shrunk share (about 0.35 of it) though alone it would fit: the
+    evaluator's error (no row), not the candidate's runtime_error or crash, whether the allocation
+    failure is raised or kills the candidate's process; without the reservation, correct."""
     ledger = role_module("ledger")
     path = tmp_path / "ledger.json"
     path.write_text(json.dumps({ledger.process_key(os.getpid()): device_bytes() // 2}))
     task = load_tiny_task("relu_cuda")
     config = replace(GPU, memory_ledger=str(path))
-    with pytest.raises(EvaluatorError, match="ran out of memory at its share"):
-        evaluator.evaluate(task, HALF_GREEDY_DIES, config=config)
+    with pytest.raises(EvaluatorError, match=match):
+        evaluator.evaluate(task, source, config=config)
     path.write_text("{}")
-    result = evaluator.evaluate(task, HALF_GREEDY_DIES, config=config)
-    _record("half_greedy_dies_alone", result)
+    result = evaluator.evaluate(task, source, config=config)
+    _record(name, result)
     assert result.correct, result.summary()
 
 
