@@ -553,14 +553,18 @@ def test_popen_workers_without_fork_server(matmul):
         check_identity(ev, matmul)
 
 
-def test_concurrent_evaluations_share_one_evaluator(evaluator, matmul):
-    """Threads may call evaluate at once (a Ray actor with max_concurrency): each gets its own worker."""
+def test_concurrent_evaluations_share_one_evaluator(evaluator, matmul, tmp_path):
+    """Threads may call evaluate at once (a Ray actor with max_concurrency): each gets its own worker.
+    As a ``CellWorker`` does, they share a ``timing_lock``: they build and check at once but time one at
+    a time. Without it three evaluations timing together on a 2-core machine can make an honest
+    identity candidate's first-use blocks fail the timing witness (2 of 80 under load here)."""
     from concurrent.futures import ThreadPoolExecutor
 
     good = identity_candidate(matmul.source)
     bad = (CORPUS_DIR / "wrong_values.py").read_text()
+    config = replace(BASE, timing_lock=str(tmp_path / "timing.lock"))
     with ThreadPoolExecutor(3) as pool:
-        results = list(pool.map(lambda src: evaluator.evaluate(matmul, src), [good, bad, good]))
+        results = list(pool.map(lambda s: evaluator.evaluate(matmul, s, config=config), [good, bad, good]))
     assert [r.error_kind for r in results] == [None, "wrong_output", None]
     assert len({r.details["pid"] for r in results}) == 3
 
