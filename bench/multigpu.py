@@ -3,6 +3,8 @@ each worker's GPU busy share, and whether the reward rows agree with the one-wor
 
     python3 bench/multigpu.py --config bench/multigpu_gpu.yaml --workers 1,2,4 --out bench/results/multigpu
     python bench/multigpu.py --config bench/multigpu_cpu.yaml --workers 1,2 --out bench/results/multigpu_cpu
+    python bench/multigpu.py --table --workers 1 --agree-with datasets/recorded/h100 \
+        --out bench/results/multigpu_1gpu_h100
 
 Each setting is one run of ``workflows/oracle_sweep.py`` (``evaluate_only``: every rule action of every
 task, no profiles) in its own process, on a fresh local Ray, with ``runtime.workers=N``: N ``GpuWorker``
@@ -18,6 +20,10 @@ rebuilds the page from the runs there.
   same failure kind); how far each correct cell's speedup moved, beside how far the reference's own
   time moved (the same program timed in both runs: the timing noise between the runs); and per task,
   whether the action one run found best is within that noise of the best in the other.
+- agreement with a recording (``--agree-with``, e.g. the committed recording of the card the sweep ran
+  on): the same comparison of every setting against that recording's rows of the same cells (keys).
+  It tells whether the Ray runtime's ``GpuWorker`` path reproduces what the recording measured, which a
+  one-GPU machine can show without a second setting.
 
 No setting reuses another's compiled kernels: each evaluation process compiles in its own temporary
 folder (``TMPDIR``, ``TRITON_CACHE_DIR``: ``evaluation.workers.worker_env``). Writes ``<out>.json``
@@ -207,8 +213,9 @@ def run_setting(config: Path, workers: int, out_dir: Path, overrides: list[str],
     }
 
 
-def results_of(runs: Path, settings: list[int]) -> list[dict]:
-    """Every setting's result (``wN.json`` beside its recording), with its rows' counts and agreement."""
+def results_of(runs: Path, settings: list[int], recording: pl.DataFrame | None = None) -> list[dict]:
+    """Every setting's result (``wN.json`` beside its recording), with its rows' counts and agreement
+    with the first setting (and with ``recording``'s action rows, when given)."""
     results = []
     base_rows = None
     for n in settings:
@@ -223,6 +230,8 @@ def results_of(runs: Path, settings: list[int]) -> list[dict]:
         if base_rows is None:
             base_rows, result["base"] = rows, True
         result["agreement"] = agreement(base_rows, rows)
+        if recording is not None:
+            result["agreement_recording"] = agreement(recording, rows)
         results.append(result)
     return results
 
@@ -256,6 +265,15 @@ def table(results: list[dict]) -> str:
             f"{r['wall_seconds']:.1f} | {per} |"
         )
     lines += ["", "Agreement with the first setting (cells correct in both for the drifts):", ""]
+    lines += agreement_table(results, "agreement", "first")
+    if results and "agreement_recording" in results[0]:
+        lines += ["", "Agreement with the recording (its rows of the same cells, as the base):", ""]
+        lines += agreement_table(results, "agreement_recording", "recording")
+    return "\n".join(lines) + "\n"
+
+
+def agreement_table(results: list[dict], field: str, base: str) -> list[str]:
+    """The markdown lines of every setting's ``agreement`` dict under ``field``, against ``base``."""
     head = [
         "workers",
         "same outcome",
@@ -263,11 +281,11 @@ def table(results: list[dict]) -> str:
         "reference drift median / p90",
         "tolerance",
         "same best action",
-        "oracle geomean (first, this)",
+        f"oracle geomean ({base}, this)",
     ]
-    lines += ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in results:
-        a = r["agreement"]
+        a = r[field]
         s, ref = a["speedup_drift"], a["reference_drift"]
         oracle = "-" if a["oracle_base"] is None else f"{a['oracle_base']:.3f}x, {a['oracle_other']:.3f}x"
         lines.append(
@@ -276,7 +294,7 @@ def table(results: list[dict]) -> str:
             f"{_pct(ref['median'])} / {_pct(ref['p90'])} | {_pct(a['tolerance'])} | "
             f"{a['best_agree']}/{a['tasks']} | {oracle} |"
         )
-    return "\n".join(lines) + "\n"
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -287,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--table", action="store_true", help="run nothing: the page from the runs there")
     p.add_argument("--out", required=True, help="output path stem (.json, .md; runs in <out>_runs/)")
     p.add_argument("--no-gpu-sample", action="store_true")
+    p.add_argument("--agree-with", help="a recording (with rewards/) to compare every setting's rows with")
     p.add_argument("overrides", nargs="*", help="key=value overrides for every sweep")
     args = p.parse_args(argv)
     try:
@@ -296,6 +315,8 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--workers/--only: expected comma-separated integers, got {args.workers!r}/{args.only!r}")
     if not args.table and not (args.config and Path(args.config).is_file()):
         p.error(f"--config: expected an oracle_sweep config file, got {args.config!r}")
+    if args.agree_with and not (Path(args.agree_with) / "rewards").is_dir():
+        p.error(f"--agree-with: expected a recording with a rewards/ table, got {args.agree_with!r}")
     out = Path(args.out)
     runs = out.parent / (out.name + "_runs")
     runs.mkdir(parents=True, exist_ok=True)
@@ -311,7 +332,8 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print(f"no polars here: make the page elsewhere with --table --out {out} (runs: {runs})")
         return 0
-    results = results_of(runs, settings)
+    recording = read_rows(Path(args.agree_with)) if args.agree_with else None
+    results = results_of(runs, settings, recording)
     out.with_suffix(".json").write_text(json.dumps({"results": results}, indent=1) + "\n")
     page = header(results) + table(results)
     out.with_suffix(".md").write_text(page)

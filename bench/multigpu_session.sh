@@ -10,7 +10,13 @@
 # Calls 2 and 3 must follow at once (the machine stays warm 30 s): /tmp/w, /tmp/site and the runs
 # (/tmp/mg) live there between calls. Each run call brings back $OUT/mg.tgz (every run so far); here:
 #   mkdir -p bench/results && tar xzf <files_at>/mg.tgz -C bench/results
-#   python bench/multigpu.py --table --workers 1,2,4 --out bench/results/multigpu
+#   python bench/multigpu.py --table --workers 1,2,4 --agree-with datasets/recorded/h200 --out bench/results/multigpu
+# The sweep's tasks are ones the card's own recording holds complete (bench/multigpu_gpu.yaml on an H200,
+# bench/multigpu_gpu_h100.yaml on an H100), so --agree-with compares every setting with that recording.
+# On the lent one-GPU kind (issue 14's meanwhile step) calls 1 and 2 run the one-worker setting alone
+# (ONLY=1; ~5 min for 250 cells); then here, with the card's recording:
+#   tar xzf <files_at>/mg.tgz -C /tmp && mv /tmp/multigpu_runs bench/results/multigpu_1gpu_h100_runs
+#   python bench/multigpu.py --table --workers 1 --agree-with datasets/recorded/h100 --out bench/results/multigpu_1gpu_h100
 set -uo pipefail
 export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled
 # NVLink multicast stays off in every process (the device's KINDS.md): Ray's workers and the evaluator's
@@ -39,10 +45,15 @@ run)
 ray.data.from_items([{'a': 1}]).write_parquet('/tmp/ray_smoke'); print('ray', ray.__version__, 'ok')" \
     2>&1 | tail -3
   GPUS=$(nvidia-smi -L | wc -l); echo "GPUs: $GPUS"; nvidia-smi -L
-  WORKERS=1,2,4; ONLY=${ONLY:-$WORKERS}
-  if [ "$GPUS" -lt 4 ]; then WORKERS=1,2; ONLY=$(echo "$ONLY" | tr , '\n' | grep -vx 4 | paste -sd,); fi
+  case "$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)" in
+    *H100*) CONFIG=bench/multigpu_gpu_h100.yaml ;;  # tasks the H100 recording holds
+    *) CONFIG=bench/multigpu_gpu.yaml ;;            # tasks the H200 recording holds
+  esac
+  case $GPUS in 1) WORKERS=1 ;; 2|3) WORKERS=1,2 ;; *) WORKERS=1,2,4 ;; esac
+  ONLY=$(echo "${ONLY:-$WORKERS}" | tr , '\n' | grep -xF -f <(echo "$WORKERS" | tr , '\n') | paste -sd,)
   [ -n "$ONLY" ] || { echo "nothing to run on $GPUS GPUs"; exit 2; }
-  timeout -k 10 ${SECONDS_LEFT:-560} python3 bench/multigpu.py --config bench/multigpu_gpu.yaml \
+  echo "config $CONFIG, settings $WORKERS, now $ONLY"
+  timeout -k 10 ${SECONDS_LEFT:-560} python3 bench/multigpu.py --config $CONFIG \
     --workers $WORKERS --only "$ONLY" --out /tmp/mg/multigpu 2>&1 | tail -20
   echo "bench rc=${PIPESTATUS[0]}"
   tail -15 /tmp/mg/multigpu_runs/w*.log

@@ -4,7 +4,9 @@ lock and memory ledger, no CPU held; and the multi-GPU bench's comparison of two
 from __future__ import annotations
 
 import importlib.util
+import json
 import math
+import shutil
 import socket
 from pathlib import Path
 
@@ -139,3 +141,27 @@ def test_outcome_flips_and_a_best_action_lost_beyond_the_noise_are_counted():
     assert a["speedup_drift"]["max"] == pytest.approx(2.0 / 0.9 - 1)
     # only the cells in both runs are compared
     assert _bench().agreement(_rows(BASE), _rows(other[:4]))["cells"] == 4
+
+
+def test_the_page_compares_every_setting_with_a_recording(tmp_path, capsys):
+    """``--table --agree-with``: each setting's rows against a recording's rows of the same cells. With
+    the one-worker run itself as the recording, its own agreement is total and the two-worker run's
+    equals its agreement with the first setting; a folder without a reward table is a one-line error."""
+    runs = tmp_path / "m_runs"
+    shutil.copytree(ROOT / "bench" / "results" / "multigpu_cpu_runs", runs)
+    bench = _bench()
+    assert (
+        bench.main(
+            ["--table", "--workers", "1,2", "--agree-with", str(runs / "w1"), "--out", str(tmp_path / "m")]
+        )
+        == 0
+    )
+    results = json.loads((tmp_path / "m.json").read_text())["results"]
+    one, two = results
+    assert one["agreement_recording"]["outcome_agree"] == one["agreement_recording"]["cells"] == one["cells"]
+    assert one["agreement_recording"]["speedup_drift"]["max"] == 0
+    assert two["agreement_recording"] == two["agreement"]
+    assert "Agreement with the recording" in (tmp_path / "m.md").read_text()
+    with pytest.raises(SystemExit) as stop:
+        bench.main(["--table", "--agree-with", str(tmp_path), "--out", str(tmp_path / "n")])
+    assert stop.value.code == 2 and "--agree-with: expected a recording" in capsys.readouterr().err
