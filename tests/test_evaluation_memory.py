@@ -12,6 +12,7 @@ Run: ``python -m pytest tests/test_evaluation_memory.py -q`` (about 30 s on 2 CP
 from __future__ import annotations
 
 import doctest
+import json
 import os
 from dataclasses import replace
 
@@ -322,7 +323,6 @@ def test_memory_ledger_waits_for_room_beside_other_evaluations(tmp_path):
     process (this test's) reserves all the machine's memory, an evaluation that fits alone waits, and it
     runs, correct, once the reservation goes, with its own plan reserved; one that never gets room is
     the evaluator's error (no row), not the candidate's."""
-    import json
     import threading
     import time
 
@@ -378,21 +378,25 @@ def test_out_of_memory_at_a_share_shrunk_beside_others_is_the_evaluators_error(
         assert "share of 21 GiB" in failure.message and "shrunk from 60 GiB alone" in failure.message
 
 
+def ledger_with_another(tmp_path, held: int | None) -> str:
+    """A ``memory_ledger`` file listing one other live evaluation (this test's parent process) holding
+    ``held`` bytes, or none when ``held`` is None."""
+    ledger = role_module("ledger")
+    path = tmp_path / "ledger.json"
+    path.write_text(json.dumps({ledger.process_key(os.getppid()): held} if held is not None else {}))
+    return str(path)
+
+
 @pytest.mark.parametrize("other_evaluation", [True, False])
 def test_a_share_shrunk_by_memory_others_hold_is_judged_against_the_device_alone(tmp_path, other_evaluation):
     """Other evaluations shrink the candidate's share by what they already hold (the budget sees a
     quarter of an 80 GiB device free) as much as by what they reserve. With another evaluation in the
     ledger, an allocation failure at that share is the evaluator's error, judged against the share the
     whole device would give; with none, the same failure is the candidate's."""
-    import json
-
     gib = 2**30
-    ledger = role_module("ledger")
-    path = tmp_path / "ledger.json"
-    others = {ledger.process_key(os.getppid()): gib} if other_evaluation else {}  # a live process
-    path.write_text(json.dumps(others))
+    path = ledger_with_another(tmp_path, gib if other_evaluation else None)
     referee = object.__new__(role_module("reference").Referee)  # only the fields the plan reads
-    referee.cfg = {"memory_ledger": str(path), "timeout_s": 60.0}
+    referee.cfg = {"memory_ledger": path, "timeout_s": 60.0}
     referee.beside, referee.phase_name, referee.built = None, "planning", True
     sizes = memory.Sizes(
         inputs=gib, outputs=gib, peak=gib, model=0, compare=0, flush=0, cuda=True, block_outputs=0
@@ -447,16 +451,10 @@ def test_too_large_for_the_memory_others_hold_waits_and_is_the_evaluators_error(
     alone: with another evaluation in the ledger, what that one holds is why, so the plan waits for room
     and, given none, fails as the evaluator's error (nothing recorded, evaluated again later); with
     none, the device is simply too small for it now, and the plan says so at once (``None``)."""
-    import json
-
     gib = 2**30
-    ledger = role_module("ledger")
-    reference = role_module("reference")
-    path = tmp_path / "ledger.json"
-    others = {ledger.process_key(os.getppid()): gib} if other_evaluation else {}
-    path.write_text(json.dumps(others))
-    referee = object.__new__(reference.Referee)
-    referee.cfg = {"memory_ledger": str(path), "timeout_s": 2.0}  # waits up to 0.5 s
+    path = ledger_with_another(tmp_path, gib if other_evaluation else None)
+    referee = object.__new__(role_module("reference").Referee)
+    referee.cfg = {"memory_ledger": path, "timeout_s": 2.0}  # waits up to 0.5 s
     referee.beside, referee.phase_name, referee.built, referee.tools = None, "planning", True, None
     referee.phase = lambda name: None  # no parent to tell
     sizes = memory.Sizes(
@@ -512,13 +510,9 @@ def test_reference_out_of_memory_before_the_build_beside_others_is_the_evaluator
     """The reference process runs out of memory running the reference, before any plan: beside another
     evaluation in the ledger that may be all the memory it lacked (the evaluator's error, evaluated
     again, last alone); alone the task is too large for the device (the task's runtime_error)."""
-    import json
-
-    ledger = role_module("ledger")
-    path = tmp_path / "ledger.json"
-    path.write_text(json.dumps({ledger.process_key(os.getppid()): 2**30} if other_evaluation else {}))
+    path = ledger_with_another(tmp_path, 2**30 if other_evaluation else None)
     referee = object.__new__(role_module("reference").Referee)  # only the fields out_of_memory reads
-    referee.cfg = {"memory_ledger": str(path)}
+    referee.cfg = {"memory_ledger": path}
     referee.built, referee.phase_name, referee.details = False, "running the reference", {}
     result = referee.out_of_memory(MemoryError("CUDA out of memory. Tried to allocate 1.50 GiB"))
     if other_evaluation:
