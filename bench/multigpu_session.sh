@@ -23,21 +23,34 @@ export PYTHONUNBUFFERED=1 RAY_USAGE_STATS_ENABLED=0 RAY_AUTH_MODE=disabled
 # sandboxes inherit these (evaluation.workers.PASSTHROUGH_PREFIXES)
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 case ${1:-} in
-wheels)  # here: Ray 2.60 and the few wheels the image lacks, split to fit two calls
-  RW=$(mktemp -d); mkdir -p .whl .whl2
+wheels)  # here: Ray 2.60 and the few wheels the image lacks, unpacked, trimmed and split to fit two calls
+  # beside the working tree (each call carries at most 64 MiB in all): the Java jars, RLlib and Ray LLM
+  # are not needed by GpuWorker actors or Ray Data, and xz packs the rest into ~27 MB
+  RW=$(mktemp -d); rm -rf .whl .whl2; mkdir -p .whl .whl2 "$RW/site"
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
     --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
     -d "$RW" ray==2.60.0 jsonschema jsonschema-specifications referencing rpds-py || exit 1
-  split -b 40m "$RW"/ray-2.60.0-*.whl .whl/ray.part.
-  mv .whl/ray.part.ab .whl2/ && cp "$RW"/*.whl .whl/ && rm .whl/ray-2.60.0-*.whl
+  python3 - "$RW" <<'PY' || exit 1
+import glob, os, sys, zipfile
+site = os.path.join(sys.argv[1], "site")
+for wheel in glob.glob(os.path.join(sys.argv[1], "*.whl")):
+    archive = zipfile.ZipFile(wheel)
+    for info in archive.infolist():  # keep the executable bit of gcs_server, raylet and friends
+        path = archive.extract(info, site)
+        mode = (info.external_attr >> 16) & 0o777
+        if mode & 0o111:
+            os.chmod(path, mode | 0o644)
+PY
+  rm -rf "$RW"/site/ray/jars "$RW"/site/ray/rllib "$RW"/site/ray/llm
+  tar cf - -C "$RW/site" . | xz -T4 -9 > "$RW/site.tar.xz" && split -n 2 "$RW/site.tar.xz" .whl/site.part.
+  mv .whl/site.part.ab .whl2/ && rm -rf "$RW"
   ls -la .whl .whl2 ;;
 stash)
   mkdir -p /tmp/w && cp .whl/* /tmp/w/ && ls /tmp/w && nvidia-smi -L ;;
 run)
   if [ ! -d /tmp/site/ray ]; then
-    cat /tmp/w/ray.part.aa .whl2/ray.part.ab > /tmp/ray-2.60.0-cp312-cp312-manylinux2014_x86_64.whl || exit 1
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site \
-      /tmp/ray-2.60.0-*.whl /tmp/w/*.whl || exit 1
+    cat /tmp/w/site.part.aa .whl2/site.part.ab | python3 -c "import sys, tarfile; \
+tarfile.open(fileobj=sys.stdin.buffer, mode='r|xz').extractall('/tmp/site', filter='fully_trusted')" || exit 1
   fi
   export PYTHONPATH=/tmp/site:$PWD
   # Ray and Ray Data (the sweep's table writes) import and write here, before minutes are spent
