@@ -113,9 +113,11 @@ def agreement(base: pl.DataFrame, other: pl.DataFrame, floor: float = 0.05) -> d
 
     Returns: ``cells`` in both; ``outcome_agree`` (correct in both, or the same failure kind);
     ``speedup_drift`` and ``reference_drift`` (median, p90, max of |ratio - 1|, cells correct in both);
-    ``tolerance`` = max(``floor``, twice the reference drift's p90); ``tasks``; ``best_agree``: tasks
-    where each run's best action (highest effective speedup) is within the tolerance of the other run's
-    best, in the other run; ``oracle_base``/``oracle_other``: geometric mean of each task's best.
+    ``tolerance`` = max(``floor``, twice the reference drift's p90); ``tasks``; ``best_exact``: tasks
+    where both runs' best action (highest effective speedup) is the same; ``best_agree``: tasks where
+    each run's best action is within the tolerance of the other run's best, in the other run (near-ties
+    such as ``keep`` against ``channels_last`` count as agreeing); ``oracle_base``/``oracle_other``:
+    geometric mean of each task's best.
     """
     import polars as pl
 
@@ -141,9 +143,10 @@ def agreement(base: pl.DataFrame, other: pl.DataFrame, floor: float = 0.05) -> d
     b_rows, o_rows = base.filter(pl.col("key").is_in(keys)), other.filter(pl.col("key").is_in(keys))
     b_best, o_best = best(b_rows), best(o_rows)
     b_of, o_of = speedup_of(b_rows), speedup_of(o_rows)
-    agree = 0
+    agree = exact = 0
     for task, (b_action, b_top) in b_best.items():
         o_action, o_top = o_best[task]
+        exact += b_action == o_action
         # each run's choice, judged in the other run, is within the tolerance of that run's best
         agree += o_of[(task, b_action)] >= o_top / (1 + tolerance) and b_of[(task, o_action)] >= b_top / (
             1 + tolerance
@@ -156,6 +159,7 @@ def agreement(base: pl.DataFrame, other: pl.DataFrame, floor: float = 0.05) -> d
         "reference_drift": ref,
         "tolerance": tolerance,
         "tasks": len(b_best),
+        "best_exact": int(exact),
         "best_agree": int(agree),
         "oracle_base": geomean(s for _, s in b_best.values()) if b_best else None,
         "oracle_other": geomean(s for _, s in o_best.values()) if o_best else None,
@@ -280,7 +284,7 @@ def agreement_table(results: list[dict], field: str, base: str) -> list[str]:
         "speedup drift median / p90 / max",
         "reference drift median / p90",
         "tolerance",
-        "same best action",
+        "same best action: exact / within tolerance",
         f"oracle geomean ({base}, this)",
     ]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
@@ -292,7 +296,7 @@ def agreement_table(results: list[dict], field: str, base: str) -> list[str]:
             f"| {r['workers']} | {a['outcome_agree']}/{a['cells']} | "
             f"{_pct(s['median'])} / {_pct(s['p90'])} / {_pct(s['max'])} | "
             f"{_pct(ref['median'])} / {_pct(ref['p90'])} | {_pct(a['tolerance'])} | "
-            f"{a['best_agree']}/{a['tasks']} | {oracle} |"
+            f"{a['best_exact']} / {a['best_agree']} of {a['tasks']} | {oracle} |"
         )
     return lines
 

@@ -123,7 +123,7 @@ BASE = [
 
 def test_a_run_compared_with_itself_agrees_everywhere():
     a = _bench().agreement(_rows(BASE), _rows(BASE))
-    assert (a["cells"], a["outcome_agree"], a["tasks"], a["best_agree"]) == (6, 6, 3, 3)
+    assert (a["cells"], a["outcome_agree"], a["tasks"], a["best_exact"], a["best_agree"]) == (6, 6, 3, 3, 3)
     assert a["speedup_drift"]["max"] == 0 and a["reference_drift"]["p90"] == 0 and a["tolerance"] == 0.05
     assert a["oracle_base"] == a["oracle_other"] == pytest.approx(math.exp(math.log(3.0) / 3))
 
@@ -135,10 +135,17 @@ def test_outcome_flips_and_a_best_action_lost_beyond_the_noise_are_counted():
     other[5] = ("t3", "cuda_graph", True, None, 1.52, 2.0)  # within the noise
     a = _bench().agreement(_rows(BASE), _rows(other))
     assert a["outcome_agree"] == 5
-    assert a["best_agree"] == 2  # t2 and t3
+    assert a["best_agree"] == a["best_exact"] == 2  # t2 and t3
     assert a["reference_drift"]["max"] == pytest.approx(0.02)
     assert a["tolerance"] == pytest.approx(0.05)  # twice the reference's p90 (2%) is under the 5% floor
     assert a["speedup_drift"]["max"] == pytest.approx(2.0 / 0.9 - 1)
+
+    # a near-tie that flips (torch_compile 2% ahead, then 1% behind keep) is no exact match, yet agrees
+    def with_compile(speedup):
+        return [(t, a, ok, k, speedup if a == "torch_compile" else s, ms) for t, a, ok, k, s, ms in BASE]
+
+    a = _bench().agreement(_rows(with_compile(1.02)), _rows(with_compile(0.99)))
+    assert (a["best_exact"], a["best_agree"]) == (2, 3)
     # only the cells in both runs are compared
     assert _bench().agreement(_rows(BASE), _rows(other[:4]))["cells"] == 4
 
