@@ -419,15 +419,19 @@ class CrowdedEvaluator(ScriptedEvaluator):
         return super().evaluate(task, source)
 
 
-def test_record_evaluates_again_what_the_evaluator_failed(tmp_path):
+def test_record_evaluates_again_what_the_evaluator_failed(tmp_path, caplog):
     """An evaluation the evaluator failed is evaluated again in the same run: together with the other
-    such cells, then alone; a cell failing every time stays a failure (no row), and the next run asks
-    for it again."""
+    such cells, then alone, and the log says why the first of them failed; a cell failing every time
+    stays a failure (no row), and the next run asks for it again."""
     groups = list(fx.RECORDED_GROUPS)
     a, b = TASKS[0].hash, TASKS[1].hash
     ev = CrowdedEvaluator({(a, "tf32"): 1, (b, "keep"): 2, (b, "cuda_graph"): 3})
     env = LiveEnvironment(BatchProfiler(), RuleRewriter(), ev, tmp_path)
-    summary = record(TASKS[:2], env, groups, chunk=2)
+    with caplog.at_level(logging.INFO, logger="autoprofiler.environments.recording"):
+        summary = record(TASKS[:2], env, groups, chunk=2)
+    assert "evaluating 3 cells again together (the evaluator failed them; the first: " in caplog.text
+    assert "evaluating 2 cells again one at a time" in caplog.text
+    assert "out of memory at a share other evaluations shrank" in caplog.text
     assert ev.asked.count((a, "tf32")) == 2  # failed, then right in the pass of them together
     assert ev.asked.count((b, "keep")) == 3  # failed, failed together, right alone
     assert ev.asked.count((b, "cuda_graph")) == 3  # failed every time: once, together, alone

@@ -175,10 +175,13 @@ def _retry_evaluator_errors(
         if not again or budget.out_of_time():
             break
         logger.info(
-            "evaluating %d cells again %s (the evaluator failed them)",
+            "evaluating %d cells again %s (the evaluator failed them; the first: %s)",
             len(again),
             "one at a time" if alone else "together",
+            _first_line(results[again[0]].message),
         )
+        for i in again:
+            logger.debug("the evaluator failed %s: %s", cells[i].key, results[i].message)
         for batch in [[i] for i in again] if alone else [again]:
             if budget.out_of_time():
                 break
@@ -187,6 +190,12 @@ def _retry_evaluator_errors(
             ):
                 results[i] = result
     return results
+
+
+def _first_line(message: str, limit: int = 200) -> str:
+    """The first line of ``message``, cut to ``limit`` characters (a log line's reason)."""
+    line = message.strip().splitlines()[0] if message.strip() else "(no message)"
+    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _record_in_chunks(
