@@ -44,6 +44,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from autoprofiler.text import clip
+
 logger = logging.getLogger(__name__)
 
 ENV_BASE_URL = "AUTOPROFILER_LLM_BASE_URL"
@@ -370,36 +372,31 @@ class ChatClient:
                 raise error from exc
             kind = "server_error" if status >= 500 else "client_error"
             error = LLMError(
-                kind, f"HTTP {status} from {self.base_url}: {_short(exc.message)}", status=status
+                kind, f"HTTP {status} from {self.base_url}: {clip(exc.message, 200)}", status=status
             )
             if kind == "server_error":
                 error.retry_after = _retry_after_seconds(exc.response.headers)
             raise error from exc
         except (openai.APIResponseValidationError, ValueError) as exc:
             raise LLMError(
-                "bad_response", f"unreadable response from {self.base_url}: {_short(exc)}"
+                "bad_response", f"unreadable response from {self.base_url}: {clip(exc, 200)}"
             ) from exc
         return _parse_completion(completion, self.base_url)
-
-
-def _short(value, limit: int = 200) -> str:
-    text = str(value)
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _parse_completion(completion, base_url) -> ChatResponse:
     """The first choice's text and the usage of an SDK completion object; LLMError if either is unusable."""
     if isinstance(completion, str | bytes):
         # The SDK hands back the raw body when it could not decode JSON from a 200 response.
-        raise LLMError("bad_response", f"response from {base_url} is not JSON: {_short(completion)!r}")
+        raise LLMError("bad_response", f"response from {base_url} is not JSON: {clip(completion, 200)!r}")
     choices = getattr(completion, "choices", None)
     if not choices:
-        raise LLMError("bad_response", f"response from {base_url} has no choices: {_short(completion)}")
+        raise LLMError("bad_response", f"response from {base_url} has no choices: {clip(completion, 200)}")
     message = getattr(choices[0], "message", None)
     text = getattr(message, "content", None)
     if not isinstance(text, str):
         raise LLMError(
-            "bad_response", f"first choice from {base_url} has no text content: {_short(choices[0])}"
+            "bad_response", f"first choice from {base_url} has no text content: {clip(choices[0], 200)}"
         )
     usage = getattr(completion, "usage", None)
     if usage is None:

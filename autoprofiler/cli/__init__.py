@@ -20,7 +20,6 @@ from autoprofiler.cli.common import (
     EXIT_ENVIRONMENT,
     EXIT_INCORRECT,
     EXIT_OK,
-    _one_line,
     _Stop,
 )
 from autoprofiler.cli.eval_cmd import _add_eval
@@ -46,7 +45,6 @@ __all__ = [  # the public names, and the helpers the tests import from here
     "_Stop",
     "_format_row",
     "_format_summary",
-    "_one_line",
     "_optimize_exit",
     "_route_summary",
     "_shard",

@@ -1,5 +1,5 @@
 """What every subcommand shares: the exit codes, ``_Stop`` (a one-line error with its exit code),
-device and task-size resolution, loading one task file, and cutting a message to one line."""
+device and task-size resolution, loading one task file."""
 
 from __future__ import annotations
 
@@ -45,15 +45,6 @@ def _load_eval_task(path: str):
     from pathlib import Path
 
     return tasks.Task.from_source(Path(path).stem, Path(path).read_text(), level=0, origin=str(path))
-
-
-def _one_line(text: str, limit: int = 300) -> str:
-    """The first line of ``text``, cut at a word boundary (never inside a hash or a path) past ``limit``."""
-    line = (text or "").strip().splitlines()[0] if (text or "").strip() else ""
-    if len(line) <= limit:
-        return line
-    cut = line.rfind(" ", 0, limit)
-    return line[: cut if cut > 0 else limit] + " ..."
 
 
 def add_size_option(p) -> None:

@@ -10,7 +10,6 @@ from autoprofiler.cli.common import (
     EXIT_ENVIRONMENT,
     EXIT_INCORRECT,
     EXIT_OK,
-    _one_line,
     _Stop,
 )
 from autoprofiler.cli.tree_setup import (
@@ -20,6 +19,7 @@ from autoprofiler.cli.tree_setup import (
     _make_profiler,
     _resolve_tree_setup,
 )
+from autoprofiler.text import first_line
 
 
 def _add_optimize(sub) -> None:
@@ -127,7 +127,7 @@ def _format_row(row: dict, width: int = 40) -> str:
         outcome = f"correct, speedup {row['speedup']:.3f}x" if row["speedup"] else "correct"
     else:
         kind = row["error_kind"] or "incorrect"
-        reason = _one_line(row["error"] or "")
+        reason = first_line(row["error"])
         if reason.startswith(f"{kind}:"):  # a failure's text starts with its kind already
             reason = reason[len(kind) + 1 :].strip()
         outcome = f"{'FAILED ' if row['failed'] else ''}{kind}: {reason}"
@@ -215,7 +215,7 @@ def _optimize_runner(args, setup: dict, rewriter, eval_options: dict):
         raise _Stop(
             EXIT_ENVIRONMENT,
             f"--jobs {args.jobs} runs one Ray worker, which did not start: {type(exc).__name__}: "
-            f"{_one_line(str(exc))}; try --jobs 1 (in this process)",
+            f"{first_line(exc)}; try --jobs 1 (in this process)",
         ) from None
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 
-from autoprofiler.cli.common import EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_OK, _one_line, _Stop
+from autoprofiler.cli.common import EXIT_BAD_INPUT, EXIT_ENVIRONMENT, EXIT_OK, _Stop
 from autoprofiler.cli.tree_setup import (
     _add_tree_options,
     _environment_errors,
@@ -13,6 +13,7 @@ from autoprofiler.cli.tree_setup import (
     _make_profiler,
     _resolve_tree_setup,
 )
+from autoprofiler.text import first_line
 
 
 def _add_route(sub) -> None:
@@ -88,7 +89,7 @@ def _cmd_route(args) -> int:
             if isinstance(route, _environment_errors()):
                 raise _Stop(EXIT_ENVIRONMENT, str(route))
             if isinstance(route, Exception):
-                print(f"error: {task.id}: {_one_line(str(route))}", file=sys.stderr)
+                print(f"error: {task.id}: {first_line(route)}", file=sys.stderr)
                 code = EXIT_BAD_INPUT if isinstance(route, RouteError) else EXIT_ENVIRONMENT
                 errors += 1
                 continue

@@ -22,6 +22,7 @@ from autoprofiler.environments.environment import Environment, configuration_gro
 from autoprofiler.rewriters.base import ActionRewriter
 from autoprofiler.tables import RewardTable
 from autoprofiler.tasks import Task
+from autoprofiler.text import first_line
 
 __all__ = ["action_cells", "derive_configuration_rows", "record"]
 
@@ -178,7 +179,7 @@ def _retry_evaluator_errors(
             "evaluating %d cells again %s (the evaluator failed them; the first: %s)",
             len(again),
             "one at a time" if alone else "together",
-            _first_line(results[again[0]].message),
+            first_line(results[again[0]].message, 200, "(no message)"),
         )
         for i in again:
             logger.debug("the evaluator failed %s: %s", cells[i].key, results[i].message)
@@ -190,12 +191,6 @@ def _retry_evaluator_errors(
             ):
                 results[i] = result
     return results
-
-
-def _first_line(message: str, limit: int = 200) -> str:
-    """The first line of ``message``, cut to ``limit`` characters (a log line's reason)."""
-    line = message.strip().splitlines()[0] if message.strip() else "(no message)"
-    return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
 def _record_in_chunks(

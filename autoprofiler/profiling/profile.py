@@ -49,6 +49,7 @@ from autoprofiler.profiling.groups import (
     TENSOR_OPS_METRICS,
     group_metrics,
 )
+from autoprofiler.text import clip
 
 log = logging.getLogger(__name__)
 
@@ -346,10 +347,6 @@ def format_value(value: float | None) -> str:
     return f"{value:.2g}"
 
 
-def _short(name: str, width: int = 90) -> str:
-    return name if len(name) <= width else name[: width - 3] + "..."
-
-
 def render_profile(profile: Profile, groups: Iterable[str] | None = None, top_kernels: int = 5) -> str:
     """Compact, deterministic text of a profile for a prompt: selected groups only, units, top kernels.
 
@@ -384,6 +381,6 @@ def render_profile(profile: Profile, groups: Iterable[str] | None = None, top_ke
         lines.append(f"top {what} by time:")
         for rank, i in enumerate(order, start=1):
             share = times[i] / total_us * 100 if total_us > 0 else 0.0
-            name = _short(str(profile.kernels[i].get("name", "")))
+            name = clip(profile.kernels[i].get("name", ""), 90)
             lines.append(f"  {rank}. {share:5.1f}% {format_value(times[i]):>10} us  {name}")
     return "\n".join(lines) + "\n"

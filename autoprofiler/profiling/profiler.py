@@ -44,6 +44,7 @@ from autoprofiler.profiling.groups import GROUPS, ncu_request_metrics, resolve_g
 from autoprofiler.profiling.ncu import NoKernelsProfiled, ProfilerError, ProgramFailed
 from autoprofiler.profiling.profile import DURATION_METRIC, Profile, profile_from_kernels
 from autoprofiler.profiling.torch_source import profile_from_torch_result
+from autoprofiler.text import first_line
 
 log = logging.getLogger(__name__)
 
@@ -222,7 +223,7 @@ class Profiler:
                 if self.cache is not None:
                     self.cache.put(profile, self.environment)
             for task_hash, exc in errors.items():
-                failures[task_hash] = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+                failures[task_hash] = first_line(exc, None, empty=type(exc).__name__)
                 first_error = first_error or exc
         return first_error
 

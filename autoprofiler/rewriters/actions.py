@@ -562,6 +562,18 @@ def check_choices(default_action: str, rules, actions) -> None:
         raise ValueError(f"rules {unknown} name actions outside {sorted(actions)}")
 
 
+def settings_identity(version: str, settings: dict, defaults: dict, rules, default_rules) -> str:
+    """An action rewriter's identity: ``version``, then the settings that differ from ``defaults`` and
+    the rule list when it is not ``default_rules``, in brackets (``rule-v2[tolerance=0.001]``); rows of
+    rewriters that would decide differently never share a key."""
+    changed = [
+        f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in settings.items() if v != defaults[k]
+    ]
+    if rules is not default_rules:
+        changed.append("rules=" + "+".join(rule.name for rule in rules))
+    return version + (f"[{','.join(changed)}]" if changed else "")
+
+
 def action_rewrite(builder: CandidateBuilder, task, action: str, reason: str) -> Rewrite:
     """``action``'s candidate for ``task`` as a ``Rewrite`` (``reason`` shown in ``raw``); a task whose
     source cannot be copied gives a ``Rewrite`` with the error, not an exception. Every action

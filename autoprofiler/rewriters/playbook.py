@@ -128,6 +128,7 @@ from autoprofiler.rewriters.actions import (
     action_rewrite,
     build_source,
     check_choices,
+    settings_identity,
 )
 from autoprofiler.rewriters.base import Rewrite
 from autoprofiler.rewriters.playbook_facts import Facts, PlaybookRule, Tolerances, vetoed
@@ -189,14 +190,7 @@ class PlaybookRewriter:
             settings["bf16_min_tolerance"],
         )
         self.rules = tuple(rules)
-        changed = [
-            f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in settings.items()
-            if v != self.DEFAULTS[k]
-        ]
-        if rules is not RULES:
-            changed.append("rules=" + "+".join(rule.name for rule in rules))
-        self.identity = PLAYBOOK_VERSION + (f"[{','.join(changed)}]" if changed else "")
+        self.identity = settings_identity(PLAYBOOK_VERSION, settings, self.DEFAULTS, rules, RULES)
         self.actions_identity = ACTIONS_VERSION
 
     @staticmethod

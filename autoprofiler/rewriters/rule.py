@@ -98,6 +98,7 @@ from autoprofiler.rewriters.actions import (
     build_source,
     check_choices,
     rename_model,
+    settings_identity,
 )
 from autoprofiler.rewriters.base import Rewrite
 from autoprofiler.rewriters.evidence import (
@@ -407,14 +408,7 @@ class RuleRewriter:
             "tolerance": self.tolerance,
             "tf32_min_tolerance": self.tf32_min_tolerance,
         }
-        changed = [
-            f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}"
-            for k, v in settings.items()
-            if v != self.DEFAULTS[k]
-        ]
-        if rules is not RULES:
-            changed.append("rules=" + "+".join(rule.name for rule in rules))
-        self.identity = RULE_VERSION + (f"[{','.join(changed)}]" if changed else "")
+        self.identity = settings_identity(RULE_VERSION, settings, self.DEFAULTS, rules, RULES)
         # Action rows hold one candidate's evaluation, whatever the rules would choose: they depend only on
         # the candidate builders (and compile_mode), so new rules re-use every recorded action outcome.
         built = "" if compile_mode == self.DEFAULTS["compile_mode"] else f"[compile_mode={compile_mode}]"

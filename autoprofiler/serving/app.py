@@ -27,6 +27,7 @@ from autoprofiler.serving.api import ServiceCore, make_api
 from autoprofiler.serving.jobs import Job, JobBoard, JobsFull, WorkerLost
 from autoprofiler.serving.routing import ServedTree, load_served_tree
 from autoprofiler.serving.settings import ServeSettings, check_binding, settings_from_args
+from autoprofiler.text import first_line
 
 __all__ = ["Optimizer", "Service", "build", "build_app", "serve_host"]
 
@@ -106,7 +107,7 @@ class Optimizer:
             await self._ready(w)
             results = await self.driver.workers[w].optimize.remote([job.task], job.tree, job.seed, job.trials)
         except RayActorError as exc:
-            reason = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else ""
+            reason = first_line(exc)
             raise WorkerLost(
                 f"worker {w} died mid-request ({type(exc).__name__}: {reason}); Ray restarts it: submit "
                 "the task again"
