@@ -61,7 +61,7 @@ def main(argv=None) -> int:
     p.add_argument(
         "--count",
         type=int,
-        default=480,
+        default=551,
         help="tasks to choose (default: the committed selection's size). The rule keeps the first choices "
         "as they were, so a larger count appends; grow it when too few chosen tasks pass the GPU time "
         "filter and are free of every card's recording",
