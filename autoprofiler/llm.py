@@ -48,6 +48,7 @@ from autoprofiler.text import clip
 
 logger = logging.getLogger(__name__)
 
+_SHOWN = 200  # characters of a server's response or error kept in an LLMError
 ENV_BASE_URL = "AUTOPROFILER_LLM_BASE_URL"
 ENV_MODEL = "AUTOPROFILER_LLM_MODEL"
 ENV_API_KEY = "OPENAI_API_KEY"
@@ -372,14 +373,14 @@ class ChatClient:
                 raise error from exc
             kind = "server_error" if status >= 500 else "client_error"
             error = LLMError(
-                kind, f"HTTP {status} from {self.base_url}: {clip(exc.message, 200)}", status=status
+                kind, f"HTTP {status} from {self.base_url}: {clip(exc.message, _SHOWN)}", status=status
             )
             if kind == "server_error":
                 error.retry_after = _retry_after_seconds(exc.response.headers)
             raise error from exc
         except (openai.APIResponseValidationError, ValueError) as exc:
             raise LLMError(
-                "bad_response", f"unreadable response from {self.base_url}: {clip(exc, 200)}"
+                "bad_response", f"unreadable response from {self.base_url}: {clip(exc, _SHOWN)}"
             ) from exc
         return _parse_completion(completion, self.base_url)
 
@@ -388,15 +389,15 @@ def _parse_completion(completion, base_url) -> ChatResponse:
     """The first choice's text and the usage of an SDK completion object; LLMError if either is unusable."""
     if isinstance(completion, str | bytes):
         # The SDK hands back the raw body when it could not decode JSON from a 200 response.
-        raise LLMError("bad_response", f"response from {base_url} is not JSON: {clip(completion, 200)!r}")
+        raise LLMError("bad_response", f"response from {base_url} is not JSON: {clip(completion, _SHOWN)!r}")
     choices = getattr(completion, "choices", None)
     if not choices:
-        raise LLMError("bad_response", f"response from {base_url} has no choices: {clip(completion, 200)}")
+        raise LLMError("bad_response", f"response from {base_url} has no choices: {clip(completion, _SHOWN)}")
     message = getattr(choices[0], "message", None)
     text = getattr(message, "content", None)
     if not isinstance(text, str):
         raise LLMError(
-            "bad_response", f"first choice from {base_url} has no text content: {clip(choices[0], 200)}"
+            "bad_response", f"first choice from {base_url} has no text content: {clip(choices[0], _SHOWN)}"
         )
     usage = getattr(completion, "usage", None)
     if usage is None:

@@ -18,7 +18,7 @@ def clip(value: Any, limit: int) -> str:
 def first_line(text: Any, limit: int | None = 300, empty: str = "") -> str:
     """The first non-blank line of ``text``, cut at a word boundary past ``limit`` (never inside a
     hash or a path when a space comes before it; ``None``: whole); ``empty`` when there is no text."""
-    stripped = str(text or "").strip()
+    stripped = "" if text is None else str(text).strip()
     if not stripped:
         return empty
     line = stripped.splitlines()[0].rstrip()

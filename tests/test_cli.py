@@ -23,7 +23,6 @@ from autoprofiler.cli import (
 )
 from autoprofiler.optimize import Optimized, result_row
 from autoprofiler.tasks import Task
-from autoprofiler.text import first_line
 
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "fixtures" / "replay"
@@ -54,8 +53,6 @@ def test_a_failed_task_is_one_line_with_its_reason_whole():
     )
     long = _format_row(c, 12)
     assert long.count("profile_error") == 1 and long.endswith("MissingProfile: ...") and "\n" not in long
-    assert first_line("first line\nsecond") == "first line"
-    assert first_line("aaaa " + "b" * 20, limit=10) == "aaaa ..."
 
 
 def test_the_summary_keeps_failures_apart_and_the_exit_code_says_so():

@@ -9,7 +9,9 @@ def test_clip_keeps_short_values_and_marks_a_cut():
 
 
 def test_first_line_takes_the_first_nonblank_line_and_cuts_at_a_space():
+    assert first_line("first line\nsecond") == "first line"
     assert first_line("\n  first line  \nsecond") == "first line"
+    assert first_line(0) == "0"
     assert first_line(ValueError("boom\ntraceback")) == "boom"
     assert first_line("aaaa " + "b" * 20, limit=10) == "aaaa ..."
     # no space before the limit: cut at the limit itself

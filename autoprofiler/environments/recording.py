@@ -179,7 +179,7 @@ def _retry_evaluator_errors(
             "evaluating %d cells again %s (the evaluator failed them; the first: %s)",
             len(again),
             "one at a time" if alone else "together",
-            first_line(results[again[0]].message, 200, "(no message)"),
+            first_line(results[again[0]].message, limit=200, empty="(no message)"),
         )
         for i in again:
             logger.debug("the evaluator failed %s: %s", cells[i].key, results[i].message)

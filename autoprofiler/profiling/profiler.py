@@ -223,7 +223,7 @@ class Profiler:
                 if self.cache is not None:
                     self.cache.put(profile, self.environment)
             for task_hash, exc in errors.items():
-                failures[task_hash] = first_line(exc, None, empty=type(exc).__name__)
+                failures[task_hash] = first_line(exc, limit=None, empty=type(exc).__name__)
                 first_error = first_error or exc
         return first_error
 
