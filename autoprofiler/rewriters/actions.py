@@ -104,7 +104,9 @@ class ModelNew(nn.Module):
         return self.inner(*args)
 '''
 
-_CUDA_GRAPH = '''
+# Clones a forward's outputs (tensors, nested in tuples, lists and dicts): the candidates that replay a
+# graph return these, since the graph overwrites its output buffers on the next replay.
+_CLONE_OUTPUTS = """
 
 def _ap_clone_outputs(value):
     if isinstance(value, torch.Tensor):
@@ -114,7 +116,9 @@ def _ap_clone_outputs(value):
     if isinstance(value, dict):
         return {{key: _ap_clone_outputs(item) for key, item in value.items()}}
     return value
+"""
 
+_CUDA_GRAPH = _CLONE_OUTPUTS + '''
 
 def _ap_signature(args):
     return tuple(
@@ -258,17 +262,7 @@ class ModelNew(nn.Module):
         return self.inner(*args)
 """
 
-_COMPILE_CUDAGRAPHS = """
-
-def _ap_clone_outputs(value):
-    if isinstance(value, torch.Tensor):
-        return value.clone()
-    if isinstance(value, (tuple, list)):
-        return type(value)(_ap_clone_outputs(item) for item in value)
-    if isinstance(value, dict):
-        return {{key: _ap_clone_outputs(item) for key, item in value.items()}}
-    return value
-
+_COMPILE_CUDAGRAPHS = _CLONE_OUTPUTS + """
 
 class ModelNew(nn.Module):
     \"\"\"The original module under torch.compile(mode="reduce-overhead") (compile_cudagraphs).
