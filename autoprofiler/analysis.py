@@ -16,6 +16,9 @@ and profile tables are read as polars frames (``reward_frame``, ``profile_frame`
   oracle's relative gain over the best static configuration.
 - ``summary_frame`` / ``summarize``: the KernelBench-style numbers above as one polars aggregation, over
   a frame of outcome rows (``outcome_frame``), optionally grouped (per policy, per level, ...).
+- ``paired_ratio`` / ``beats``: one policy's geomean over another's on the same tasks with a paired
+  bootstrap interval, and the verdict it supports (a workflow says "beats" only when the interval is
+  above 1, not on a point estimate that task sampling can flip).
 - ``refine``: iterative refinement: round r+1 profiles the best kernel so far, routes it, rewrites once
   more; speedup against cumulative time per task.
 
@@ -39,18 +42,22 @@ import polars as pl
 from autoprofiler import rewards
 from autoprofiler.cells import Cell, CellFailure, RewardRow
 from autoprofiler.environments import Environment, MissingOutcome, MissingProfile
+from autoprofiler.heldout import Interval, paired_difference
 from autoprofiler.tables import read_table
 from autoprofiler.tasks import Task, refinement_task
 
 __all__ = [
     "FAST_P",
+    "beats",
     "evaluate_policies",
     "geomean",
     "geomean_expr",
     "oracle_analysis",
     "outcome_frame",
     "outcome_matrix",
+    "paired_ratio",
     "profile_frame",
+    "ratio_text",
     "refine",
     "reward_frame",
     "split_tasks",
@@ -186,6 +193,70 @@ def summarize(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     if not rows:
         return {"tasks": 0}
     return summary_frame(outcome_frame(rows)).row(0, named=True)
+
+
+def paired_ratio(
+    rows: Sequence[Mapping[str, Any]],
+    policy: str,
+    baseline: str,
+    samples: int = 2000,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> Interval:
+    """``policy``'s geomean effective speedup over ``baseline``'s on the same tasks, with a paired
+    percentile bootstrap interval (tasks resampled with replacement).
+
+    Per task, the mean log effective speedup over its rows (seeds); a missing row counts 1.0, as in
+    ``summarize``, so with one row per task the estimate is the ratio of the two policies' summary
+    geomeans.
+
+    Raises:
+        ValueError: a policy without rows, or the two policies' rows covering different tasks.
+
+    >>> rows = [{"policy": p, "task_hash": t, "effective_speedup": s}
+    ...         for p, t, s in [("a", "x", 2.0), ("a", "y", 1.0), ("b", "x", 1.0), ("b", "y", 1.0)]]
+    >>> r = paired_ratio(rows, "a", "b")
+    >>> round(r.estimate, 4), r.n, beats(r)
+    (1.4142, 2, False)
+    """
+    frame = outcome_frame(rows, keys=("policy", "task_hash")).with_columns(
+        pl.when(pl.col("missing") | pl.col("effective_speedup").is_null())
+        .then(1.0)
+        .otherwise(pl.col("effective_speedup"))
+        .clip(lower_bound=_FLOOR)
+        .log()
+        .alias("log_eff")
+    )
+    per_task = {}
+    for name in (policy, baseline):
+        part = frame.filter(pl.col("policy") == name)
+        if part.is_empty():
+            raise ValueError(f"paired_ratio: no rows of policy {name!r}")
+        per_task[name] = dict(part.group_by("task_hash").agg(pl.col("log_eff").mean()).iter_rows())
+    if per_task[policy].keys() != per_task[baseline].keys():
+        only = sorted(per_task[policy].keys() ^ per_task[baseline].keys())
+        raise ValueError(
+            f"paired_ratio: {policy!r} and {baseline!r} cover different tasks ({len(only)} in one only, "
+            f"e.g. {only[0]})"
+        )
+    tasks = sorted(per_task[policy])
+    mine, theirs = ([per_task[name][t] for t in tasks] for name in (policy, baseline))
+    return paired_difference(mine, theirs, samples, seed, confidence).exp()
+
+
+def beats(ratio: Interval) -> bool:
+    """Whether a ``paired_ratio`` supports "beats": its whole interval is above 1."""
+    return ratio.low > 1.0
+
+
+def ratio_text(ratio: Interval) -> str:
+    """A ``paired_ratio`` as text: ``0.933 [0.902, 0.962] over 162 tasks``, then where it stands
+    against 1 (above, below, or holding 1)."""
+    where = "above 1" if beats(ratio) else ("below 1" if ratio.high < 1.0 else "the interval holds 1")
+    return (
+        f"{ratio.estimate:.3f} [{ratio.low:.3f}, {ratio.high:.3f}] over {ratio.n} tasks "
+        f"({ratio.confidence:.0%} paired bootstrap; {where})"
+    )
 
 
 def _cost(env: Environment, task: Task, groups: Iterable[str]) -> tuple[int, float]:

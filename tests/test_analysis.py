@@ -9,12 +9,15 @@ import pytest
 from conftest import REPLAY_FIXTURE, load_replay_fixture
 
 from autoprofiler.analysis import (
+    beats,
     evaluate_policies,
     geomean,
     geomean_expr,
     oracle_analysis,
     outcome_matrix,
+    paired_ratio,
     profile_frame,
+    ratio_text,
     refine,
     reward_frame,
     split_tasks,
@@ -130,6 +133,45 @@ def test_geomean_is_one_polars_expression():
     by = dict(frame.group_by("g").agg(geomean_expr("v")).iter_rows())
     assert by["a"] == pytest.approx(geomean([1.0, 4.0])) == pytest.approx(2.0)
     assert by["b"] == pytest.approx(1e-12) and geomean([]) == 1.0
+
+
+def _rows(policy: str, speedups: list[float | None]) -> list[dict]:
+    """One row per task t0, t1, ...; None: a missing row."""
+    return [
+        {"policy": policy, "task_hash": f"t{i}", "effective_speedup": s} if s is not None
+        else {"policy": policy, "task_hash": f"t{i}", "missing": "no outcome"}
+        for i, s in enumerate(speedups)
+    ]
+
+
+def test_paired_ratio_reads_beats_only_from_an_interval_above_one():
+    """The estimate is the ratio of the summaries' geomeans (a missing row counts 1.0 on both sides);
+    "beats" needs the whole interval above 1: a uniform 10% lead does, one large win among ties does
+    not, and a uniform loss is below 1."""
+    base = _rows("static", [1.0, 2.0, 1.5, 1.2, 1.0, 1.1, 1.3, 1.0])
+    lead = _rows("tree", [1.1 * r["effective_speedup"] for r in base])
+    ratio = paired_ratio(lead + base, "tree", "static")
+    assert ratio.estimate == pytest.approx(1.1) and ratio.low == pytest.approx(1.1) and beats(ratio)
+    assert "above 1" in ratio_text(ratio) and ratio.n == 8
+
+    one_win = _rows("tree", [4.0, 2.0, 1.5, 1.2, 1.0, 1.1, 1.3, 1.0])
+    ratio = paired_ratio(one_win + base, "tree", "static")
+    assert ratio.estimate > 1 and ratio.low == pytest.approx(1.0) and not beats(ratio)
+    assert "holds 1" in ratio_text(ratio)
+
+    missing = _rows("tree", [None, 1.0, 0.75, 0.6, 0.5, 0.55, 0.65, 0.5])  # t0: 1.0 against 1.0
+    ratio = paired_ratio(missing + base, "tree", "static")
+    tree, static = summarize(missing)["geomean_speedup"], summarize(base)["geomean_speedup"]
+    assert ratio.estimate == pytest.approx(tree / static) and ratio.high < 1
+    assert "below 1" in ratio_text(ratio)
+
+
+def test_paired_ratio_refuses_unpaired_rows():
+    base = _rows("static", [1.0, 2.0])
+    with pytest.raises(ValueError, match="no rows of policy 'tree'"):
+        paired_ratio(base, "tree", "static")
+    with pytest.raises(ValueError, match="cover different tasks"):
+        paired_ratio(base + _rows("tree", [1.0, 2.0, 3.0]), "tree", "static")
 
 
 def test_evaluate_policies_on_the_fixture(env):

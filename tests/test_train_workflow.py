@@ -126,6 +126,13 @@ def test_replay_run_writes_tree_log_evaluation_and_report(tmp_path):
     ev = json.loads((out / "evaluation.json").read_text())
     assert {"blind", "learned_tree", "seed_tree", "oracle", "random"} <= set(ev["summary"])
     assert "best static configuration" in ev["verdict"] and ev["verdict"] in proc.stdout
+    ratio = ev["learned_over_best_static"]  # the paired interval the verdict is read from
+    s = ev["summary"]
+    assert ratio["estimate"] == pytest.approx(
+        s["learned_tree"]["geomean_speedup"] / s[f"static:{ev['best_static_on_train']}"]["geomean_speedup"]
+    )
+    assert ratio["low"] <= ratio["estimate"] <= ratio["high"] and ratio["n"] == ev["tasks"]
+    assert ("does NOT beat" in ev["verdict"]) == (ratio["low"] <= 1.0)
     assert ev["summary"]["oracle"]["geomean_speedup"] >= ev["summary"]["learned_tree"]["geomean_speedup"]
     report = (out / "report" / "report.md").read_text()
     assert f"restricted to the {ev['tasks'] + ev['train_tasks']} tasks of this run" in report

@@ -196,6 +196,7 @@ def test_evaluate_judges_every_policy_on_the_replay_fixture(tmp_path):
     best = max(s["geomean_speedup"] for s in ev["summary"].values())
     assert ev["summary"]["oracle"]["geomean_speedup"] == best
     assert ev["verdict"].startswith("tree:lone_leaf: ") and ev["verdict"] in proc.stdout
+    assert "paired bootstrap" in ev["verdict"]
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["split"] == "all" and {"git_sha", "torch", "ray"} <= set(cfg["provenance"])
     assert (out / "report" / "report.md").exists()

@@ -172,8 +172,14 @@ def make_environment(cfg: dict, out: Path):
     ), rewriter
 
 
-def compare(summary: dict, trees: list[str], probe: list[str], best_static: str | None, split: str) -> str:
-    """One sentence per tree: its geomean against the best static configuration's and the oracle's."""
+def compare(
+    summary: dict, rows: list[dict], trees: list[str], probe: list[str], best_static: str | None, split: str
+) -> str:
+    """One sentence per tree: its geomean against the best static configuration's and the oracle's, and
+    the paired ratio to the static one (``analysis.paired_ratio``); "beats" only when its interval is
+    above 1."""
+    from autoprofiler.analysis import beats, paired_ratio, ratio_text
+
     statics = {n: summary[f"static:{n}"]["geomean_speedup"] for n in probe}
     if not statics:
         return ""
@@ -187,9 +193,11 @@ def compare(summary: dict, trees: list[str], probe: list[str], best_static: str 
     lines = []
     for name in trees:
         mine = summary[name]["geomean_speedup"]
+        ratio = paired_ratio(rows, name, f"static:{best}")
         lines.append(
             f"{name}: {mine:.3f}x vs best static configuration {best} ({how}) {statics[best]:.3f}x vs "
-            f"oracle {oracle:.3f}x; it {'beats' if mine > statics[best] else 'does NOT beat'} the static one."
+            f"oracle {oracle:.3f}x; ratio {ratio_text(ratio)}; it "
+            f"{'beats' if beats(ratio) else 'does NOT beat'} the static one."
         )
     return " ".join(lines)
 
@@ -257,7 +265,7 @@ def main(argv: list[str]) -> int:
                 f"missing {s.get('missing', 0)}",
                 flush=True,
             )
-        verdict = compare(summary, list(trees), list(probes), cfg["best_static"], cfg["split"])
+        verdict = compare(summary, rows, list(trees), list(probes), cfg["best_static"], cfg["split"])
         if verdict:
             print(verdict, flush=True)
         evaluation = {
