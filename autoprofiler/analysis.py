@@ -250,7 +250,7 @@ def beats(ratio: Interval) -> bool:
 
 
 def ratio_text(ratio: Interval) -> str:
-    """A ``paired_ratio`` as text: ``0.933 [0.902, 0.962] over 162 tasks``, then where it stands
+    """A ``paired_ratio`` as text, e.g. ``0.933 [0.894, 0.968] over 162 tasks``, then where it stands
     against 1 (above, below, or holding 1)."""
     where = "above 1" if beats(ratio) else ("below 1" if ratio.high < 1.0 else "the interval holds 1")
     return (
