@@ -147,11 +147,17 @@ def outcome_frame(rows: Sequence[Mapping[str, Any]], keys: Sequence[str] = ()) -
     return pl.DataFrame(data)
 
 
+def effective_expr() -> pl.Expr:
+    """An ``outcome_frame``'s effective speedup as the summaries count it: 1.0 for a missing row (the
+    original kept), the row's own value otherwise."""
+    return pl.when(~pl.col("missing")).then(pl.col("effective_speedup")).otherwise(1.0)
+
+
 def _summary_exprs() -> list[pl.Expr]:
     """The KernelBench-style numbers, in ``summarize``'s key order (see ``summarize``)."""
     answered = ~pl.col("missing")
     correct = pl.col("correct").fill_null(False) & answered
-    effective = pl.when(answered).then(pl.col("effective_speedup")).otherwise(1.0)
+    effective = effective_expr()
     speed = pl.col("speedup").fill_null(0.0)
     return [  # a mean over all rows of the group is a sum divided by the tasks
         pl.len().cast(pl.Int64).alias("tasks"),
@@ -206,9 +212,10 @@ def paired_ratio(
     """``policy``'s geomean effective speedup over ``baseline``'s on the same tasks, with a paired
     percentile bootstrap interval (tasks resampled with replacement).
 
-    Per task, the mean log effective speedup over its rows (seeds); a missing row counts 1.0, as in
-    ``summarize``, so with one row per task the estimate is the ratio of the two policies' summary
-    geomeans.
+    Per task, the mean log effective speedup over its rows (seeds), counted as ``summarize`` counts it
+    (``effective_expr``: a missing row is 1.0), so with one row per task the estimate is the ratio of the
+    two policies' summary geomeans. An answered row without a value, which ``summarize`` leaves out,
+    counts 1.0 here so that every task stays paired.
 
     Raises:
         ValueError: a policy without rows, or the two policies' rows covering different tasks.
@@ -220,12 +227,7 @@ def paired_ratio(
     (1.4142, 2, False)
     """
     frame = outcome_frame(rows, keys=("policy", "task_hash")).with_columns(
-        pl.when(pl.col("missing") | pl.col("effective_speedup").is_null())
-        .then(1.0)
-        .otherwise(pl.col("effective_speedup"))
-        .clip(lower_bound=_FLOOR)
-        .log()
-        .alias("log_eff")
+        effective_expr().fill_null(1.0).clip(lower_bound=_FLOOR).log().alias("log_eff")
     )
     per_task = {}
     for name in (policy, baseline):

@@ -64,10 +64,9 @@ LEDGER_WAIT = 0.25  # share of timeout_s a plan may wait for room beside other e
 LEDGER_POLL_S = 0.25  # how often it looks again
 CLEAN_CALLS = 5  # reference calls timed before the candidate exists (the first two are warm-up)
 CALIBRATION_BLOCKS = 12  # reference blocks, each followed by a round trip on the link, before the build
-# The link's spread is its round trips' 75th percentile less their median: a check on medians (and minima)
-# of blocks needs the typical spread, and one slow round trip on a loaded machine must not widen the
-# witness's slack by milliseconds (with 4 blocks and the 90th percentile, it did: the clock-patching
-# corpus candidate passed in 3 of 10 runs beside busy processes).
+# The link's spread is its round trips' 75th percentile less their median: the witness checks medians (and
+# minima) of blocks, so its slack needs the typical spread, and one slow round trip on a loaded machine
+# must not widen it by milliseconds (docs/evaluator.md, "Witness", has the measurement).
 SPREAD_PERCENTILE = 75
 # the timing thresholds are at the top of _timing.py
 
