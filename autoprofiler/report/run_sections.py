@@ -13,6 +13,7 @@ import polars as pl
 from autoprofiler.analysis import geomean_expr, outcome_frame, summary_frame
 from autoprofiler.report.markdown import _n, markdown_table
 from autoprofiler.report.plots import _bars, _refinement_curve, draw_tree
+from autoprofiler.text import first_line
 
 POLICY_COLUMNS = [
     "geomean_speedup",
@@ -86,7 +87,7 @@ def _learning_section(run: Path) -> list[str]:
             "mean gain": pl.Series([(d["stats"] or {}).get("mean") for d in decisions], dtype=pl.Float64),
             "LCB": pl.Series([(d["stats"] or {}).get("lcb") for d in decisions], dtype=pl.Float64),
             "accepted": pl.Series([bool(d["accepted"]) for d in decisions], dtype=pl.Boolean),
-            "why": [d["reason"].splitlines()[0][:90] if d["reason"] else "" for d in decisions],
+            "why": [first_line(d["reason"], 90) for d in decisions],
         }
     )
     accepted = int(log["accepted"].sum()) if log.height else 0
