@@ -64,6 +64,7 @@ LEDGER_WAIT = 0.25  # share of timeout_s a plan may wait for room beside other e
 LEDGER_POLL_S = 0.25  # how often it looks again
 CLEAN_CALLS = 5  # reference calls timed before the candidate exists (the first two are warm-up)
 CALIBRATION_BLOCKS = 12  # reference blocks, each followed by a round trip on the link, before the build
+# (never after it, so not for the second timing attempt either: a built candidate could answer late)
 # The link's spread is its round trips' 75th percentile less their median: the witness checks medians (and
 # minima) of blocks, so its slack needs the typical spread, and one slow round trip on a loaded machine
 # must not widen it by milliseconds (docs/evaluator.md, "Witness", has the measurement).
