@@ -287,6 +287,21 @@ def replay_sources(
     return {"recordings": recordings, "task_sources": tasks}
 
 
+def unrecorded_actions_hint(coverage: Coverage) -> str | None:
+    """When actions missing from the recordings leave no task usable: the actions none of the tasks
+    with every group has a row of, and what to do (None when some task is used, or groups are the
+    cause)."""
+    if coverage.used or not coverage.lacking_actions:
+        return None
+    lacking = Counter(a for actions in coverage.lacking_actions.values() for a in actions)
+    never = [a for a in coverage.actions if lacking[a] == len(coverage.lacking_actions)]
+    return (
+        f"no task has a reward row of every action the rewriter can choose; no task has one of "
+        f"{', '.join(never) or 'some'}: record them (bench/h200_record_playbook.sh records the playbook's) "
+        "or replay a rewriter whose actions are recorded (rewriter=rule or rewriter=experience)"
+    )
+
+
 def replay_tasks(
     env: ReplayEnvironment,
     tasks: Sequence[Task],
@@ -301,5 +316,8 @@ def replay_tasks(
     coverage = env.coverage(tasks, seeds)
     for line in coverage_lines(coverage, report):
         print(f"replay: {line}", flush=True)
+    hint = unrecorded_actions_hint(coverage)
+    if hint:
+        print(f"replay: {hint}", flush=True)
     (out / "tasks_left_out.json").write_text(json.dumps(coverage.left_out(), indent=1) + "\n")
     return list(coverage.used), replay_sources(env, coverage, report, tasks)

@@ -157,6 +157,15 @@ def test_experience_rewriter_is_fitted_on_the_training_tasks_only(tmp_path):
     assert "experience is fitted on a recording's training tasks; it needs a replay" in bad.stderr
 
 
+def test_a_rewriter_whose_actions_are_unrecorded_is_one_clear_error(tmp_path):
+    """rewriter=playbook on a recording of the rule actions only: no task is usable, and the output names
+    the playbook's unrecorded actions and what to do, then one config error (exit 2, no traceback)."""
+    proc = run(*replay_args(tmp_path / "run"), "rewriter=playbook", expect=2, timeout=120)
+    hint = next(ln for ln in proc.stdout.splitlines() if ln.startswith("replay: no task has a reward row"))
+    assert "compile_max_autotune" in hint and "sdpa" in hint and "rewriter=rule" in hint
+    assert "tasks: 0 usable" in proc.stderr
+
+
 def test_the_default_config_replays_the_committed_recordings():
     """No flags: the replay (ncu profiles) of the committed recordings (the two H200 ones first, then the
     H100's tasks the H200 has no row of) over both task sources; ``tests/test_multisource.py`` runs it."""
