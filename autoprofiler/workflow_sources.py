@@ -295,10 +295,11 @@ def unrecorded_actions_hint(coverage: Coverage) -> str | None:
         return None
     lacking = Counter(a for actions in coverage.lacking_actions.values() for a in actions)
     never = [a for a in coverage.actions if lacking[a] == len(coverage.lacking_actions)]
+    none_of = f" (no task has a row of {', '.join(never)})" if never else ""
     return (
-        f"no task has a reward row of every action the rewriter can choose; no task has one of "
-        f"{', '.join(never) or 'some'}: record them (bench/h200_record_playbook.sh records the playbook's) "
-        "or replay a rewriter whose actions are recorded (rewriter=rule or rewriter=experience)"
+        f"no task has a reward row of every action the rewriter can choose{none_of}: record them "
+        "(bench/h200_record_playbook.sh records the playbook's) or replay a rewriter whose actions are "
+        "recorded (rewriter=rule or rewriter=experience)"
     )
 
 
