@@ -19,7 +19,8 @@ pack_now() {  # pack_now TARBALL PATH...
 }
 start_packing() {  # start_packing TARBALL PATH...
   PACK_ARGS=("$@")
-  ( while sleep "${PACK_EVERY:-30}"; do pack_now "${PACK_ARGS[@]}"; done ) &
+  # stderr off: the loop's shell reports its sleep killed by stop_packing as "Terminated"
+  ( while sleep "${PACK_EVERY:-30}"; do pack_now "${PACK_ARGS[@]}"; done ) 2>/dev/null &
   PACKER=$!
   trap stop_packing EXIT
 }
