@@ -16,7 +16,7 @@ which the reward key does not carry, so such rows must go to another ``--recordi
 only the cells a rewriter can reach: a (task, action) pair is evaluated when ``--reachable-by`` (default
 ``playbook-v1``) decides that action for the task under at least one of the 1,024 group subsets. That is
 every outcome a replay of that rewriter asks for, whatever the tree shows it; the per-task best over all
-actions then lacks the unreachable ones. Tasks the report does not list get no cell.
+actions then lacks the unreachable ones. Tasks the report does not list get no cell (a note counts them).
 
 Prints one line per evaluation and a summary; writes ``<recording>/playbook_record_summary.json``.
 """
@@ -150,6 +150,13 @@ def main(argv=None) -> int:
     env = LiveEnvironment(rewriter=rewriter, table_dir=args.recording, runner=runner, source=args.source)
     reach = reachable_actions(args.reachable, args.reachable_by) if args.reachable else None
     by_id = {t.id: t for t in tasks}
+    unlisted = [i for i in by_id if reach is not None and i not in reach]
+    if unlisted:  # a report older than the recording: say so, or its newest tasks silently get no cell
+        print(
+            f"note: {len(unlisted)} of {len(by_id)} tasks (first: {unlisted[0]}) are not in {args.reachable} "
+            "and get no cell; rerun bench/rewriter_reachability.py on this recording to include them",
+            flush=True,
+        )
     cells = plan_cells(list(by_id), actions, reach)
     wanted = {(by_id[i].hash, a) for needed, ids in cells.items() for i in ids for a in needed}
     started = time.monotonic()

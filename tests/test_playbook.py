@@ -707,9 +707,10 @@ def test_plan_cells_keeps_only_reachable_actions_grouped_by_need():
     assert plan(["a", "b"], ["sdpa"], None) == {("sdpa",): ["a", "b"]}
 
 
-def test_recording_script_evaluates_only_reachable_cells(tmp_path):
+def test_recording_script_evaluates_only_reachable_cells(tmp_path, capsys):
     """With --reachable, a task gets only the listed actions its report entry reaches: here relu reaches
-    cudnn_benchmark, not sdpa, so one row; a task the report reaches nothing new for gets none."""
+    cudnn_benchmark, not sdpa, so one row; a task the report reaches nothing new for gets none, and a
+    task the report does not list (recorded after it) gets none with a note that says so."""
     from autoprofiler.tables import RewardTable
 
     module = _record_module()
@@ -718,11 +719,13 @@ def test_recording_script_evaluates_only_reachable_cells(tmp_path):
         {"suite/l1/relu": ["keep", "cudnn_benchmark"], "suite/l1/tiny_add": ["torch_compile"]},
     )
     args = ["--recording", str(tmp_path / "rec"), "--device", "cpu", "--task-size", "small"]
-    args += ["--source", "torch", "--filter", "l1/relu,l1/tiny_add", "--actions", "sdpa,cudnn_benchmark"]
+    args += ["--source", "torch", "--filter", "l1/relu,l1/tiny_add,l1/sum_rows"]
+    args += ["--actions", "sdpa,cudnn_benchmark"]
     args += ["--jobs", "1", "--timing-trials", "3", "--warmup", "1", "--correctness-trials", "1"]
     assert module.main(args + ["--reachable", str(report)]) == 0
     rows = RewardTable(tmp_path / "rec" / "rewards").rows()
     assert [(r.task_id, r.action) for r in rows] == [("suite/l1/relu", "cudnn_benchmark")]
+    assert "note: 1 of 3 tasks (first: suite/l1/sum_rows) are not in" in capsys.readouterr().out
 
 
 def test_recording_script_rejects_a_bad_reachability_report(tmp_path, capsys):
