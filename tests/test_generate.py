@@ -292,3 +292,44 @@ def test_committed_table_matches_the_generator():
     for row in rows[:: len(rows) // 25]:
         task = generate_task(row["seed"])
         assert (task.code, task.hash, list(task.ops)) == (row["code"], row["hash"], row["op_names"])
+
+
+def _select_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("select_generated", ROOT / "bench" / "select_generated.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_selection_grows_by_appending_and_the_second_pool_comes_after_the_first():
+    """Past the 3 GiB pool the rule continues with the 6 GiB bound; a larger count never reorders the
+    tasks a smaller one chose, and no task above either bound's time or memory is taken."""
+    select = _select_module().select
+    rows = [
+        {"hash": f"{i:04x}", "data_source": f"torch#{i % 3 + 1}", "est_full_ms": (1.0, 5.0)[i % 7 == 0],
+         "est_full_peak_gib": (1.0, 4.0, 8.0)[i % 5 % 3]}
+        for i in range(120)
+    ]
+    small = [r["hash"] for r in select(rows, 20)]
+    every = select(rows, 1000)
+    assert [r["hash"] for r in every][:20] == small
+    gib = [r["est_full_peak_gib"] for r in every]
+    first_big = gib.index(4.0)
+    assert set(gib[:first_big]) == {1.0} and set(gib[first_big:]) == {4.0}
+    assert all(r["est_full_ms"] <= 4.0 for r in every) and len({r["hash"] for r in every}) == len(every)
+    assert len(every) == sum(1 for r in rows if r["est_full_ms"] <= 4.0 and r["est_full_peak_gib"] <= 6.0)
+
+
+def test_the_committed_selection_is_the_rule_applied_to_the_committed_tasks():
+    module = _select_module()
+    from autoprofiler.tasks import ops_task_id
+
+    columns = ["data_source", "hash", "est_full_ms", "est_full_peak_gib"]
+    rows = pq.read_table(module.TABLE, columns=columns).to_pylist()
+    for index, r in enumerate(rows):
+        r["id"] = ops_task_id(r["data_source"], index, module.TABLE)
+    committed = [ln.split("\t") for ln in (module.OUT / "selection.txt").read_text().splitlines()
+                 if ln and not ln.startswith("#")]
+    assert [[r["id"], r["hash"]] for r in module.select(rows, len(committed))] == committed
