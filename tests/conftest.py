@@ -5,6 +5,8 @@
 - ``tiny_task``: a 16x32 @ 32x32 matmul with a seeded weight (``tests/fault_corpus/tasks/matmul.py``);
   ``tiny_tasks``: every task under ``tests/fault_corpus/tasks/`` by file stem. Each runs in
   milliseconds on a CPU.
+- ``load_script(path)``: a file outside any package (a ``bench/`` or ``workflows/`` script, a fixture)
+  imported as a module.
 - ``load_replay_fixture()``: the module ``tests/fixtures/replay/make_fixture.py`` (the replay fixture's
   tasks and tables); ``FakeProfile``: a stand-in for ``profiling.Profile`` for tests of routing.
 """
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,12 +76,24 @@ def tiny_tasks() -> dict:
     return {p.stem: load_tiny_task(p.stem) for p in sorted(TINY_TASK_DIR.glob("*.py"))}
 
 
+def load_script(path: Path, name: str | None = None, *, register: bool = False):
+    """Import ``path``, a file outside any package, as a module named ``name`` (default: the file's stem).
+
+    ``register`` puts the module in ``sys.modules`` before running it, which a script whose dataclasses
+    look their module up there needs; left off, what the script defines pickles by value (Ray workers
+    cannot import such a module by name).
+    """
+    spec = importlib.util.spec_from_file_location(name or path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    if register:
+        sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
 def load_replay_fixture():
     """The module ``tests/fixtures/replay/make_fixture.py`` (``fixture_tasks()`` and the table writer)."""
-    spec = importlib.util.spec_from_file_location("make_fixture", REPLAY_FIXTURE / "make_fixture.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(REPLAY_FIXTURE / "make_fixture.py")
 
 
 @dataclass

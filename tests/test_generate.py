@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from conftest import load_script
 
 from autoprofiler.generate import catalog as catalog_module
 from autoprofiler.generate import checks, compose, dataset, sizing
@@ -295,12 +296,7 @@ def test_committed_table_matches_the_generator():
 
 
 def _select_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("select_generated", ROOT / "bench" / "select_generated.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "bench" / "select_generated.py")
 
 
 def test_selection_grows_by_appending_and_the_second_pool_comes_after_the_first():

@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 from autoprofiler.analysis import evaluate_policies, oracle_analysis, outcome_matrix, split_tasks
 from autoprofiler.environments import ReplayEnvironment
@@ -105,11 +106,7 @@ def test_train_replay_held_out_and_oracle(replay):
 
 def test_bench_script_tables(tmp_path, capsys):
     """bench/replay_policies.py writes its polars tables: the summary rows and one row per task."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("replay_policies", ROOT / "bench" / "replay_policies.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = load_script(ROOT / "bench" / "replay_policies.py")
     assert bench.main([str(ROOT / "datasets" / "h200_suite"), "--out", str(tmp_path / "r")]) == 0
     text = (tmp_path / "r.md").read_text()
     assert "| static:latency | 1.184 | 0.91 | 0.53 | 11.5 | 3.6 |" in text

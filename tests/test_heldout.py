@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import load_script
 
 from autoprofiler.heldout import (
     Interval,
@@ -171,14 +171,8 @@ def test_subset_matrix_objectives():
 
 # --- the bench script -------------------------------------------------------------------------------------
 def _bench():
-    import importlib.util
-
     root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("heldout_study", root / "bench" / "heldout_study.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["heldout_study"] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script(root / "bench" / "heldout_study.py", register=True)  # its dataclasses need it
 
 
 def test_bench_rejects_bad_arguments(tmp_path, capsys):

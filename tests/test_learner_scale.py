@@ -6,12 +6,12 @@ resampled, and (without jitter) replay exactly what their originals replay.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 from autoprofiler.environments import ReplayEnvironment
 from autoprofiler.rewriters import RuleRewriter
@@ -22,11 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def _load(name: str):
     sys.path.insert(0, str(ROOT / "bench"))  # learner_scale imports resample_recording from beside it
-    spec = importlib.util.spec_from_file_location(name, ROOT / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # its dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "bench" / f"{name}.py", register=True)  # its dataclasses need it
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,6 @@ lock and memory ledger, no CPU held; and the multi-GPU bench's comparison of two
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import shutil
@@ -12,7 +11,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-from conftest import init_test_ray
+from conftest import init_test_ray, load_script
 
 from autoprofiler.provenance import physical_gpu, visible_gpu
 from autoprofiler.runtime import CellWorker, WorkerSpec
@@ -89,10 +88,7 @@ def test_one_gpu_worker_per_gpu_each_on_its_own_and_no_cpu_held(two_gpu_ray):
 
 # --- bench/multigpu.py's comparison ---------------------------------------------------------------------
 def _bench():
-    spec = importlib.util.spec_from_file_location("multigpu_bench", ROOT / "bench" / "multigpu.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "bench" / "multigpu.py", "multigpu_bench")
 
 
 def _rows(cells: list[tuple[str, str, bool, str | None, float | None, float]]) -> pl.DataFrame:

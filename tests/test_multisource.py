@@ -7,7 +7,6 @@ the expected count is computed here straight from the recordings' Parquet parts 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
+from conftest import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 SUITE_REC = "datasets/h200_suite"
@@ -41,10 +41,7 @@ def get_init_inputs():
 
 
 def _module(name: str):
-    spec = importlib.util.spec_from_file_location(f"{name}_workflow", REPO / "workflows" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(REPO / "workflows" / f"{name}.py", f"{name}_workflow")
 
 
 def _run(*args: str, expect: int) -> subprocess.CompletedProcess:

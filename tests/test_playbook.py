@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 from autoprofiler.profiling import GROUPS
 from autoprofiler.profiling.profile import Profile
@@ -623,12 +624,9 @@ def test_split_is_a_third_by_hash():
 # ------------------------------------------------------------------------------------------------
 @needs_h200
 def test_reachability_report_on_two_tasks(tmp_path):
-    import importlib.util
     import json
 
-    spec = importlib.util.spec_from_file_location("reach", REPO / "bench" / "rewriter_reachability.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_script(REPO / "bench" / "rewriter_reachability.py", "reach")
     assert module.main([str(H200), "--out", str(tmp_path / "reach"), "--limit", "2"]) == 0
     data = json.loads((tmp_path / "reach.json").read_text())
     assert data["meta"]["tasks"] == 2 and data["meta"]["subsets"] == 1024
@@ -643,13 +641,9 @@ def test_reachability_report_on_two_tasks(tmp_path):
 def test_recording_script_adds_action_rows_and_resumes(tmp_path):
     """bench/h200_record_playbook.py on CPU (small sizes): one task, two new actions -> two keyed action
     rows (rewriter rule-v1); a second call evaluates nothing; a bad action name fails before any work."""
-    import importlib.util
-
     from autoprofiler.tables import RewardTable
 
-    spec = importlib.util.spec_from_file_location("record", REPO / "bench" / "h200_record_playbook.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _record_module()
     args = [
         "--recording",
         str(tmp_path / "rec"),
@@ -683,12 +677,7 @@ def test_recording_script_adds_action_rows_and_resumes(tmp_path):
 
 
 def _record_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("record", REPO / "bench" / "h200_record_playbook.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "bench" / "h200_record_playbook.py", "record")
 
 
 def _reach_report(path, per_task: dict[str, list[str]], rewriter: str = "playbook-v1"):

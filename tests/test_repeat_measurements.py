@@ -7,24 +7,20 @@ their metrics must agree exactly.
 
 from __future__ import annotations
 
-import importlib.util
 import math
 import shutil
 from pathlib import Path
 
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 RUN = "run=20261205T103621-0caa8f"
 
 
 def _load():
-    path = ROOT / "bench" / "repeat_measurements.py"
-    spec = importlib.util.spec_from_file_location("repeat_measurements", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(ROOT / "bench" / "repeat_measurements.py")
 
 
 def _recording(tmp_path: Path, scale: float) -> Path:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_script
 
 from autoprofiler.tasks import load_task_folder
 
@@ -161,11 +162,7 @@ def test_task_runs_full_on_cuda(task, monkeypatch):
 def test_full_sizes_fit_the_h200_budget_by_roofline(monkeypatch):
     """Full size, on the meta device (no compute): each task's roofline estimate for an H200 is within
     3 us - 100 ms, and the roofline's bound agrees with the tagged regime for most tasks."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("estimate_roofline", SUITE / "_estimate_roofline.py")
-    roofline = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(roofline)
+    roofline = load_script(SUITE / "_estimate_roofline.py", "estimate_roofline")
     monkeypatch.setenv("AUTOPROFILER_TASK_SIZE", "full")
     disagree, out_of_budget = [], []
     for task in TASKS:

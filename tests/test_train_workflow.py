@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -10,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "workflows" / "train.py"
@@ -18,10 +18,7 @@ LIVE = ["--config", str(REPO / "workflows" / "train_cpu_live.yaml")]  # the live
 
 
 def _train_module():
-    spec = importlib.util.spec_from_file_location("train_workflow", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "train_workflow")
 
 
 def run(*args: str, timeout: float = 240, expect: int = 0) -> subprocess.CompletedProcess:

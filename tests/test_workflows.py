@@ -9,7 +9,6 @@ where the tables go, default a temp dir).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -19,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import REPLAY_FIXTURE
+from conftest import REPLAY_FIXTURE, load_script
 
 REPO = Path(__file__).resolve().parents[1]
 WORKFLOWS = REPO / "workflows"
@@ -29,10 +28,7 @@ TORCH_PROBE = "probe=[torch_algorithm, torch_memory, torch_latency, torch_comput
 
 def workflow_module(name: str):
     """``workflows/<name>.py`` imported as a module (its ``read_config`` and helpers)."""
-    spec = importlib.util.spec_from_file_location(f"workflow_{name}", WORKFLOWS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(WORKFLOWS / f"{name}.py", f"workflow_{name}")
 
 
 def run(name: str, *args: str, expect: int = 0, timeout: float = 240) -> subprocess.CompletedProcess:
