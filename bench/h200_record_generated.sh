@@ -13,6 +13,8 @@
 # selection's new tasks to the other card).
 # RESERVE_FOR_H200=70 (default): a card other than the H200 starts new tasks only while more than this
 # many selected tasks that passed the filter stay free of every card (the H200 needs 60 more for 300).
+# CELL_GRACE=90 (default): seconds the recorder's evaluations in flight at its max_seconds get to finish
+# before it is killed (a large task's cell takes a minute or more; a killed cell is evaluated again later).
 # DROP_ERROR="out of memory": first drop this card's reward rows whose error contains it (an evaluator
 # fault since fixed), so step 2 evaluates them again; run bench/drop_reward_rows.py the same way here.
 # Then here: unpack $OUT/rec.tgz over the repo root (datasets/recorded/<card>, datasets/ops_gen/gpu_verdicts.*)
@@ -90,10 +92,11 @@ PY
 # $OUT/rec.tgz: what is recorded, packed every 30 s while the recording runs and once at the end
 source bench/lib_pack.sh
 start_packing "$OUT/rec.tgz" $REC datasets/ops_gen/gpu_verdicts.jsonl datasets/ops_gen/gpu_verdicts.parquet
-BUDGET_REC=$(( $(left) - 45 ))
+GRACE=${CELL_GRACE:-90}
+BUDGET_REC=$(( $(left) - GRACE - 15 ))
 if [ "$BUDGET_REC" -gt 60 ]; then
   mark_last_call $REC  # packed with the rows, from the first pack on
-  timeout -k 10 $((BUDGET_REC + 40)) python3 workflows/oracle_sweep.py --config /tmp/record_generated.yaml \
+  timeout -k 10 $((BUDGET_REC + GRACE)) python3 workflows/oracle_sweep.py --config /tmp/record_generated.yaml \
     --resume max_seconds=$BUDGET_REC > "$OUT/record_generated.log" 2>&1
   echo "record rc=$?"; grep -v "ncu: profiling:" "$OUT/record_generated.log" | grep -v "^\s" | tail -12
 else
