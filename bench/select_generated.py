@@ -48,8 +48,8 @@ runtime: {{ray: false, workers: null, concurrency: 6}}
 def select(rows: list[dict], count: int) -> list[dict]:
     """The rule of the module docstring: each memory bound's pool, round-robin over tiers, until ``count``."""
     chosen: list[dict] = []
-    taken: set[str] = set()
     for max_gib in MAX_EST_GIB:
+        taken = {r["hash"] for r in chosen}  # the earlier pools' choices
         pool = [r for r in rows if r["hash"] not in taken
                 and r["est_full_ms"] <= MAX_EST_MS and r["est_full_peak_gib"] <= max_gib]
         tiers: dict[str, list[dict]] = {}
@@ -60,7 +60,6 @@ def select(rows: list[dict], count: int) -> list[dict]:
             for tier in order:
                 if tier and len(chosen) < count:
                     chosen.append(tier.pop(0))
-                    taken.add(chosen[-1]["hash"])
     return chosen
 
 
