@@ -14,7 +14,9 @@
 # RESERVE_FOR_H200=70 (default): a card other than the H200 starts new tasks only while more than this
 # many selected tasks that passed the filter stay free of every card (the H200 needs 60 more for 300).
 # CELL_GRACE=90 (default): seconds the recorder's evaluations in flight at its max_seconds get to finish
-# before it is killed (a large task's cell takes a minute or more; a killed cell is evaluated again later).
+# before it is killed. The recorder starts no cell that the longest so far says would end past
+# max_seconds, but the first wave of a call starts before any has ended (a large task's cell takes a
+# minute or more; a killed cell is evaluated again later).
 # DROP_ERROR="out of memory": first drop this card's reward rows whose error contains it (an evaluator
 # fault since fixed), so step 2 evaluates them again; run bench/drop_reward_rows.py the same way here.
 # Then here: unpack $OUT/rec.tgz over the repo root (datasets/recorded/<card>, datasets/ops_gen/gpu_verdicts.*)

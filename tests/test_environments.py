@@ -12,6 +12,7 @@ import pytest
 from conftest import REPLAY_FIXTURE, load_replay_fixture
 
 from autoprofiler import rewards
+from autoprofiler.cells import Cell, CellFailure, WorkItem
 from autoprofiler.environments import (
     LiveEnvironment,
     MissingOutcome,
@@ -26,6 +27,7 @@ from autoprofiler.profiling.cache import CacheEnvironment
 from autoprofiler.profiling.groups import CONFIGURATIONS, GROUPS
 from autoprofiler.profiling.profile import Profile
 from autoprofiler.rewriters.rule import RuleRewriter
+from autoprofiler.runtime import LocalDriver
 from autoprofiler.tables import ProfileTable, RewardTable
 from autoprofiler.tasks import Task, check_source, refinement_task
 
@@ -471,6 +473,65 @@ def test_record_starts_no_batch_that_would_end_past_the_budget(tmp_path, caplog)
     assert summary["profile_rows"] == 2 and summary["evaluations"] == 0
     assert "tasks 1-2 of 4: not all recorded" in caplog.text
     assert "recorded tasks" not in caplog.text and "3-4" not in caplog.text
+
+
+class SleepyWorker:
+    """A worker whose every batch of cells takes ``seconds``; it notes when each batch ended."""
+
+    def __init__(self, seconds: float):
+        self.seconds = seconds
+        self.ended: list[float] = []
+
+    def run_cells(self, batch):
+        time.sleep(self.seconds)
+        self.ended.append(time.monotonic())
+        return [item.cell.key for item in batch]
+
+
+def test_the_driver_starts_no_batch_that_would_end_past_the_deadline():
+    """Batches of 0.5 s before a deadline 1.25 s away: the third would start before the deadline but
+    end past it (where a device call's hard limit kills it and its work is lost), so it does not start;
+    a batch starts only if the longest so far would still end in time."""
+    worker = SleepyWorker(0.5)
+    cells = [Cell(TASKS[0], (), RuleRewriter().actions_identity, 0, 0, a, policy="action") for a in "abcde"]
+    deadline = time.monotonic() + 1.25
+    results = LocalDriver(worker).run_cells([WorkItem(c) for c in cells], deadline)
+    assert worker.ended and max(worker.ended) <= deadline + 0.1
+    skipped = [r for r in results if isinstance(r, CellFailure)]
+    assert skipped and all(r.kind == "not_started" for r in skipped)
+    assert results[: len(worker.ended)] == [c.key for c in cells[: len(worker.ended)]]
+
+
+class SlowEvaluator(ScriptedEvaluator):
+    """A ScriptedEvaluator whose every evaluation takes ``seconds``; it notes when each one ended."""
+
+    def __init__(self, seconds: float):
+        super().__init__()
+        self.seconds = seconds
+        self.ended: list[float] = []
+
+    def evaluate(self, task, source):
+        time.sleep(self.seconds)
+        result = super().evaluate(task, source)
+        self.ended.append(time.monotonic())
+        return result
+
+
+def test_record_starts_no_evaluation_that_would_end_past_the_budget(tmp_path):
+    """Evaluations of 0.5 s in a 1.5 s budget: none ends past the budget, and what did not start is
+    left for a resumed run, which evaluates only that."""
+    groups = list(fx.RECORDED_GROUPS)
+    ev = SlowEvaluator(0.5)
+    env = LiveEnvironment(BatchProfiler(), RuleRewriter(), ev, tmp_path)
+    t0 = time.monotonic()
+    summary = record(TASKS[:2], env, groups, max_seconds=1.5)
+    assert ev.ended and not summary["complete"]
+    assert max(ev.ended) - t0 <= 1.5 + 0.1, [round(t - t0, 2) for t in ev.ended]
+    env.close()
+    again = SlowEvaluator(0.0)
+    resumed = LiveEnvironment(BatchProfiler(), RuleRewriter(), again, tmp_path)
+    assert record(TASKS[:2], resumed, groups)["complete"]
+    assert len(ev.ended) + len(again.ended) == 2 * len(RuleRewriter.actions())
 
 
 def test_derive_configuration_rows_from_actions_and_profiles(tmp_path):

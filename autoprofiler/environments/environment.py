@@ -291,8 +291,9 @@ class Environment:
     ) -> list[RewardRow | CellFailure]:
         """The row of every cell, or why it has none; computes only what the reward table lacks.
 
-        Missing cells go to the runner in one call (``deadline``: cells not started by then are
-        ``not_started``). Each row is stored as it arrives, so a run stopped midway keeps its rows.
+        Missing cells go to the runner in one call (``deadline``: cells whose batch would not end by
+        then, judged by the runner's longest batch so far, are ``not_started``). Each row is stored as
+        it arrives, so a run stopped midway keeps its rows.
         """
         self.stats.asked += len(cells)
         failures: dict[str, CellFailure] = {}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from autoprofiler.profiling.profile import Profile
     from autoprofiler.tasks import Task
 
-__all__ = ["LocalDriver", "Runner"]
+__all__ = ["BatchClock", "LocalDriver", "Runner"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,8 +50,10 @@ class Runner(Protocol):
         deadline: float | None = None,
         on_result: Callable[[CellResult], None] | None = None,
     ) -> list[CellResult]:
-        """One result per item, in order. ``deadline`` (``time.monotonic()``): items not started by then
-        are ``CellFailure(kind="not_started")``. ``on_result`` is called as each result arrives."""
+        """One result per item, in order. ``deadline`` (``time.monotonic()``): a batch starts only if the
+        longest batch this runner has run would still end by then (``BatchClock``); the items of batches
+        not started are ``CellFailure(kind="not_started")``. ``on_result`` is called as each result
+        arrives."""
         ...
 
     def profile(
@@ -62,6 +65,28 @@ class Runner(Protocol):
         ...
 
     def close(self) -> None: ...
+
+
+class BatchClock:
+    """The longest batch a driver has run, so that no batch starts that would end past a deadline.
+
+    A deadline usually comes from a hard limit outside the run (a device call killed at its end), so a
+    batch started just before it is lost with its work; judging by the longest batch so far (across
+    calls: retries come in calls of their own) keeps every started batch inside the budget. The first
+    batch always starts before the deadline: nothing is known yet. Thread-safe.
+    """
+
+    def __init__(self) -> None:
+        self.longest = 0.0
+        self._lock = threading.Lock()
+
+    def fits(self, deadline: float | None) -> bool:
+        """Whether a batch started now would end by ``deadline`` (always, without one)."""
+        return deadline is None or time.monotonic() + self.longest <= deadline
+
+    def ran(self, seconds: float) -> None:
+        with self._lock:
+            self.longest = max(self.longest, seconds)
 
 
 def not_started(item: WorkItem) -> CellFailure:
@@ -85,6 +110,7 @@ class LocalDriver:
         self.batch_size = max(1, int(batch_size))
         self.progress = progress
         self.concurrency = max(1, int(concurrency))
+        self.clock = BatchClock()
 
     def run_cells(
         self,
@@ -95,9 +121,12 @@ class LocalDriver:
         batches = [items[i : i + self.batch_size] for i in range(0, len(items), self.batch_size)]
 
         def run(batch: Sequence[WorkItem]) -> list[CellResult]:
-            if deadline is not None and time.monotonic() > deadline:
+            if not self.clock.fits(deadline):
                 return [not_started(i) for i in batch]
-            return self.worker.run_cells(batch)
+            started = time.monotonic()
+            results = self.worker.run_cells(batch)
+            self.clock.ran(time.monotonic() - started)
+            return results
 
         out: list[CellResult] = []
         show = self.progress is not None and len(items) >= self.progress
@@ -134,24 +163,28 @@ def fan_out(
     on_lost: Callable[[Sequence[Any], Exception], Sequence[Sequence[Any]]],
     deadline: float | None = None,
     on_skip: Callable[[Sequence[Any]], None] | None = None,
+    clock: BatchClock | None = None,
 ) -> None:
     """Submit ``batches`` to ``workers`` with at most ``per_worker`` in flight each; gather as they end.
 
     ``submit(worker index, batch)`` returns a Ray object ref. ``on_done(batch, results)`` takes a batch's
     results. When a call fails because its worker died (``RayActorError``), ``on_lost(batch, error)``
     returns the batches to submit again (possibly none) and the worker rests a moment while Ray
-    restarts it. After ``deadline`` nothing new is submitted and ``on_skip(batch)`` gets the rest.
+    restarts it. Once a batch would no longer end by ``deadline`` (judged by ``clock``, which learns
+    each finished batch's time from submission to result) nothing new is submitted and
+    ``on_skip(batch)`` gets the rest.
     """
     import ray
     from ray.exceptions import RayActorError
 
     queue = deque(batches)
-    in_flight: dict[Any, tuple[int, Sequence[Any]]] = {}
+    clock = clock or BatchClock()
+    in_flight: dict[Any, tuple[int, Sequence[Any], float]] = {}
     load = [0] * workers
     resting_until = [0.0] * workers
     while queue or in_flight:
         now = time.monotonic()
-        if deadline is not None and now > deadline:
+        if not clock.fits(deadline):
             while queue:
                 batch = queue.popleft()
                 if on_skip is not None:
@@ -162,14 +195,14 @@ def fan_out(
                 break
             w = min(ready, key=lambda i: load[i])
             batch = queue.popleft()
-            in_flight[submit(w, batch)] = (w, batch)
+            in_flight[submit(w, batch)] = (w, batch, time.monotonic())
             load[w] += 1
         if not in_flight:
             time.sleep(0.1)  # every worker is resting after a death
             continue
         done, _ = ray.wait(list(in_flight), num_returns=1, timeout=1.0)
         for ref in done:
-            w, batch = in_flight.pop(ref)
+            w, batch, submitted = in_flight.pop(ref)
             load[w] -= 1
             try:
                 results = ray.get(ref)
@@ -183,4 +216,5 @@ def fan_out(
                 resting_until[w] = time.monotonic() + 1.0
                 queue.extendleft(reversed(list(on_lost(batch, exc))))
                 continue
+            clock.ran(time.monotonic() - submitted)
             on_done(batch, results)

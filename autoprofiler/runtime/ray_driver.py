@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 from autoprofiler.cells import CellFailure, WorkItem
 from autoprofiler.provenance import Provenance
-from autoprofiler.runtime.driver import CellResult, fan_out, not_started
+from autoprofiler.runtime.driver import BatchClock, CellResult, fan_out, not_started
 from autoprofiler.runtime.progress import Progress
 from autoprofiler.runtime.worker import CellWorker, ReplayWorker, WorkerSpec
 
@@ -100,6 +100,7 @@ class RayDriver:
         self.max_attempts = max(1, int(max_attempts))
         self.progress = progress
         self.lost_batches = 0
+        self.clock = BatchClock()  # the longest cell batch so far, against run_cells' deadline
         self._provenance: Provenance | None = None
 
     @classmethod
@@ -224,6 +225,7 @@ class RayDriver:
                 lost,
                 deadline,
                 skip,
+                self.clock,
             )
         return [r if r is not None else not_started(item) for r, item in zip(out, items, strict=True)]
 
