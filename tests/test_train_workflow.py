@@ -130,6 +130,11 @@ def test_replay_run_writes_tree_log_evaluation_and_report(tmp_path):
     )
     assert ratio["low"] <= ratio["estimate"] <= ratio["high"] and ratio["n"] == ev["tasks"]
     assert ("does NOT beat" in ev["verdict"]) == (ratio["low"] <= 1.0)
+    gain = ev["learned_over_seed"]  # what learning bought over the seed tree, held out
+    assert gain["estimate"] == pytest.approx(
+        s["learned_tree"]["geomean_speedup"] / s["seed_tree"]["geomean_speedup"]
+    )
+    assert ("Learned / seed tree" in ev["verdict"]) == bool(ev["learner"]["accepted"])
     assert ev["summary"]["oracle"]["geomean_speedup"] >= ev["summary"]["learned_tree"]["geomean_speedup"]
     report = (out / "report" / "report.md").read_text()
     assert f"restricted to the {ev['tasks'] + ev['train_tasks']} tasks of this run" in report

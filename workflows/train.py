@@ -19,8 +19,8 @@ lists them), and ``evaluation.json`` records the recordings and task sources wit
 Outputs in ``out_dir``: ``config.json`` (the resolved config), ``tree.json`` (the learned tree),
 ``proposals.jsonl`` (every proposal: statistics, accepted or why not), ``state.json`` (checkpoint),
 ``evaluation.json`` (held-out policy comparison; the verdict comes from its paired bootstrap interval
-of the learned tree over the best static configuration, ``learned_over_best_static``) and
-``policy_rows.parquet`` (its rows),
+of the learned tree over the best static configuration, ``learned_over_best_static``; what the
+accepted edits bought, ``learned_over_seed``) and ``policy_rows.parquet`` (its rows),
 ``oracle.json``, ``refinement.json`` (when asked), ``tasks_left_out.json`` (a replay's: why each),
 ``report/report.md`` (+ PNGs, about this run's tasks only). Live runs also write their recording to
 ``tables`` (``out_dir/tables``). An ``out_dir`` that already holds a run is refused: ``--resume``
@@ -351,10 +351,16 @@ def main(argv: list[str]) -> int:
             summary[k]["geomean_speedup"] for k in ("learned_tree", f"static:{best_static}", "oracle")
         )
         ratio = paired_ratio(rows, "learned_tree", f"static:{best_static}")
+        gain = paired_ratio(rows, "learned_tree", "seed_tree")  # what the accepted edits bought held out
         verdict = (
             f"Held-out geomean speedup: learned tree {lt:.3f}x, best static configuration (chosen on train: "
             f"{best_static}) {bs:.3f}x, oracle {orc:.3f}x; learned / best static {ratio_text(ratio)}. "
             f"The learned tree {'beats' if beats(ratio) else 'does NOT beat'} the best static configuration."
+            + (
+                f" Learned / seed tree (what the accepted edits bought): {ratio_text(gain)}."
+                if s["accepted"]
+                else " No edit was accepted: the learned tree is the seed tree."
+            )
         )
         print(verdict, flush=True)
         (out / "evaluation.json").write_text(
@@ -367,6 +373,7 @@ def main(argv: list[str]) -> int:
                     **({"sources": sources} if sources is not None else {}),
                     "best_static_on_train": best_static,
                     "learned_over_best_static": ratio.as_dict(),
+                    "learned_over_seed": gain.as_dict(),
                     "verdict": verdict,
                     "summary": summary,
                     "rows": rows,
