@@ -527,6 +527,7 @@ def test_record_starts_no_evaluation_that_would_end_past_the_budget(tmp_path):
     summary = record(TASKS[:2], env, groups, max_seconds=1.5)
     assert ev.ended and not summary["complete"]
     assert max(ev.ended) - t0 <= 1.5 + 0.1, [round(t - t0, 2) for t in ev.ended]
+    assert summary["evaluations"] == len(ev.ended)  # the cells not started are not counted
     env.close()
     again = SlowEvaluator(0.0)
     resumed = LiveEnvironment(BatchProfiler(), RuleRewriter(), again, tmp_path)

@@ -104,8 +104,8 @@ def new_run_id() -> str:
 
 @dataclasses.dataclass
 class EnvStats:
-    """Counters: cells asked, answered from the table, computed by the runner, configuration rows derived
-    from an action row that was already there."""
+    """Counters: cells asked, answered from the table, run by the runner (a cell the deadline kept from
+    starting is not counted), configuration rows derived from an action row that was already there."""
 
     asked: int = 0
     from_table: int = 0
@@ -325,13 +325,14 @@ class Environment:
             else:
                 need.setdefault(cell.key, WorkItem(cell, shown))
         if need:
-            self.stats.evaluations += len(need)
 
             def store(result: RewardRow | CellFailure) -> None:
                 if isinstance(result, CellFailure):
                     failures[result.key] = result
                 else:
                     self._store(result)
+                if not (isinstance(result, CellFailure) and result.kind == "not_started"):
+                    self.stats.evaluations += 1
 
             self.runner.run_cells(list(need.values()), deadline, on_result=store)
         for cell, acell, shown in derived:
