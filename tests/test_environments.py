@@ -431,7 +431,9 @@ def test_record_evaluates_again_what_the_evaluator_failed(tmp_path, caplog):
     env = LiveEnvironment(BatchProfiler(), RuleRewriter(), ev, tmp_path)
     with caplog.at_level(logging.INFO, logger="autoprofiler.environments.recording"):
         summary = record(TASKS[:2], env, groups, chunk=2)
-    assert "evaluating 3 cells again together (the evaluator failed them; the first: " in caplog.text
+    assert "evaluating 3 cells again together (the evaluator failed them: " in caplog.text
+    assert "failed them: cuda_graph 1, keep 1, tf32 1; other 3; the first: " in caplog.text
+    assert "failed them: cuda_graph 1, keep 1; other 2; the first: " in caplog.text  # the pass alone
     assert "evaluating 2 cells again one at a time" in caplog.text
     assert "out of memory at a share other evaluations shrank" in caplog.text
     assert ev.asked.count((a, "tf32")) == 2  # failed, then right in the pass of them together
@@ -446,6 +448,21 @@ def test_record_evaluates_again_what_the_evaluator_failed(tmp_path, caplog):
     resumed = LiveEnvironment(BatchProfiler(), RuleRewriter(), again, tmp_path)
     assert record(TASKS[:2], resumed, groups, chunk=2)["complete"]
     assert again.asked == [(b, "cuda_graph")]
+
+
+def test_the_retry_log_names_which_process_ran_out_of_memory():
+    """The recording's retry line tallies why the evaluator failed the cells, from the evaluator's own
+    messages: the candidate over a share that others shrank, the reference beside others, no room."""
+    from autoprofiler.environments.recording import _why_failed
+    from autoprofiler.evaluation import _memory
+
+    shrunk = _memory.crowded_out(21 * _memory.GIB, 60 * _memory.GIB, 5)
+    assert _why_failed(shrunk) == "candidate over its share"
+    assert _why_failed("the reference process ran out of memory beside 3 other evaluations") == (
+        "reference beside others"
+    )
+    assert _why_failed("no room for this task beside the other evaluations on the device") == "no room"
+    assert _why_failed("CUDA error: an illegal memory access") == "other"
 
 
 class SlowBatchProfiler(BatchProfiler):

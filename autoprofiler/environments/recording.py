@@ -176,9 +176,12 @@ def _retry_evaluator_errors(
         if not again or budget.out_of_time():
             break
         logger.info(
-            "evaluating %d cells again %s (the evaluator failed them; the first: %s)",
+            "evaluating %d cells again %s (the evaluator failed them: %s; the first: %s)",
             len(again),
             "one at a time" if alone else "together",
+            _tally(cells[i].action or "configuration" for i in again)
+            + "; "
+            + _tally(_why_failed(results[i].message) for i in again),
             first_line(results[again[0]].message, limit=200, empty="(no message)"),
         )
         for i in again:
@@ -191,6 +194,25 @@ def _retry_evaluator_errors(
             ):
                 results[i] = result
     return results
+
+
+def _why_failed(message: str) -> str:
+    """A short name for why the evaluator failed a cell, from its message (``_memory``, ``_reference``):
+    which process ran out of memory, or no room on the device; tallied in the log so that a recording
+    shows which cells crowd each other out."""
+    if "candidate's process ran out of memory" in message:
+        return "candidate over its share"
+    if "reference process ran out of memory" in message:
+        return "reference beside others"
+    if "no room for this task" in message:
+        return "no room"
+    return "other"
+
+
+def _tally(names) -> str:
+    """``b 3, a 1, c 1``: how often each name occurs, most frequent first, then by name."""
+    counts = Counter(names)
+    return ", ".join(f"{name} {counts[name]}" for name in sorted(counts, key=lambda k: (-counts[k], k)))
 
 
 def _record_in_chunks(
