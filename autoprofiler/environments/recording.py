@@ -14,12 +14,13 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from autoprofiler.cells import Cell, CellFailure, RewardRow
 from autoprofiler.environments.environment import Environment, configuration_groups
 from autoprofiler.rewriters.base import ActionRewriter
+from autoprofiler.runtime.driver import BatchClock
 from autoprofiler.tables import RewardTable
 from autoprofiler.tasks import Task
 from autoprofiler.text import first_line
@@ -83,16 +84,17 @@ def record(
 @dataclass
 class _Budget:
     """``record``'s time budget: past ``deadline`` nothing new starts, and a profiled batch starts only
-    when the longest one so far (``longest`` seconds) would still end before it."""
+    when the longest one so far (``profiles``, the drivers' rule for cell batches) would still end
+    before it."""
 
     deadline: float | None
-    longest: float = 0.0
+    profiles: BatchClock = field(default_factory=BatchClock)
 
     def out_of_time(self) -> bool:
         return self.deadline is not None and time.monotonic() > self.deadline
 
     def fits_a_batch(self) -> bool:
-        return self.deadline is None or time.monotonic() + self.longest <= self.deadline
+        return self.profiles.fits(self.deadline)
 
 
 def _record_part(
@@ -122,7 +124,7 @@ def _record_part(
             failures.append(
                 {"task_id": f["task_id"], "stage": f"profile:{'+'.join(wanted)}", "error": f["error"]}
             )
-        budget.longest = max(budget.longest, time.monotonic() - started)
+        budget.profiles.ran(time.monotonic() - started)
         logger.info("profiling: %d/%d batches", done + 1, len(batches))
     rewriter = env.rewriter
     cells = action_cells(tasks, rewriter, seeds, actions) if isinstance(rewriter, ActionRewriter) else []
