@@ -38,6 +38,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -535,3 +536,67 @@ class ProfileTable(ParquetTable):
 def dumps(obj: Any) -> str:
     """Deterministic compact JSON (sorted keys; NaN/inf kept as JSON extensions Python reads back)."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+# --- compaction ---------------------------------------------------------------------------------------
+#: a recording's table folders and the schema each holds
+RECORDING_TABLES = {"profiles": "profile", "rewards": "reward", "candidates": "candidate"}
+
+
+@dataclass(frozen=True)
+class Compaction:
+    """What ``compact_runs`` did to one table directory: parts and bytes before and after."""
+
+    directory: Path
+    parts_before: int
+    parts_after: int
+    bytes_before: int
+    bytes_after: int
+    skipped: tuple[str, ...] = ()  # run folders left as they were, each with the reason
+
+
+def compact_runs(directory: str | Path, name: str) -> Compaction:
+    """Rewrite each ``run=<id>`` partition of a table directory as one part; every row kept.
+
+    A recording grows by small parts (one per ``flush_every`` rows), so a table of thousands of tasks
+    becomes thousands of files, each with its own footer and dictionaries. Unlike ``dedupe``, this keeps
+    every row, duplicates included (a key measured in two runs stays measured twice: the repeat-measurement
+    study reads both), and it keeps the write order: a run's parts become one part under the name of its
+    first part, so it sorts where they did. That holds only when no two runs' parts interleave in time;
+    then a run is left as it is, as is a run with a part that does not read. The merged part is written
+    under a temporary name and renamed over the first part before the others are removed: a crash in
+    between leaves rows twice, in order, which readers resolve as before.
+    """
+    directory, schema = Path(directory), SCHEMAS[name]
+    schema = schema.with_metadata({SCHEMA_KEY: _schema_tag(name)})
+    runs = {}
+    for run in sorted(p for p in directory.glob("run=*") if p.is_dir()):
+        parts = sorted((p for p in run.glob("*.parquet") if not p.name.startswith(".")), key=lambda p: p.name)
+        if parts:
+            runs[run] = parts
+    before = part_files(directory)
+    size_before = sum(p.stat().st_size for p in before)
+    spans = [(parts[0].name, parts[-1].name, run) for run, parts in runs.items()]
+    spans += [(p.name, p.name, p) for p in directory.glob("*.parquet") if not p.name.startswith(".")]
+    interleaved = {
+        run for first, last, run in spans for a, b, other in spans if other != run and a < last and first < b
+    }
+    interleaved &= set(runs)
+    skipped = [f"{run.name}: its parts interleave with another run's" for run in sorted(interleaved)]
+    for run, parts in runs.items():
+        if run in interleaved or len(parts) == 1:
+            continue
+        try:
+            rows = [row for part in parts for row in _read_part(part, name, schema)]
+        except Exception as exc:  # a torn part: leave the run for a person to look at
+            skipped.append(f"{run.name}: {exc}")
+            continue
+        tmp = run / f".{parts[0].name}.tmp"
+        pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp)
+        os.replace(tmp, parts[0])
+        for part in parts[1:]:
+            part.unlink()
+    after = part_files(directory)
+    return Compaction(
+        directory, len(before), len(after), size_before, sum(p.stat().st_size for p in after), tuple(skipped)
+    )

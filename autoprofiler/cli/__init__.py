@@ -1,13 +1,14 @@
-"""Command line: ``autoprofiler eval|profile|route|optimize ...``.
+"""Command line: ``autoprofiler eval|profile|route|optimize|compact ...``.
 
 Each subcommand is a small function ``_cmd_<name>(args) -> int`` (the exit code). Exit codes:
 0 success (for ``eval``: the candidate is correct), 1 the candidate was evaluated and is not correct,
 2 bad input (a task or tree that does not load, a bad option), 3 an environment problem (no ncu, no GPU,
 counters not permitted).
 
-One file per subcommand (``eval_cmd``, ``profile_cmd``, ``route_cmd``, ``optimize_cmd``), each with its
-``_add_<name>`` (the parser) and ``_cmd_<name>``; ``tree_setup`` holds what route and optimize share,
-``common`` the exit codes and helpers of every subcommand; this module builds the parser and runs it.
+One file per subcommand (``eval_cmd``, ``profile_cmd``, ``route_cmd``, ``optimize_cmd``,
+``compact_cmd``), each with its ``_add_<name>`` (the parser) and ``_cmd_<name>``; ``tree_setup`` holds
+what route and optimize share, ``common`` the exit codes and helpers of every subcommand; this module
+builds the parser and runs it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from autoprofiler.cli.common import (
     EXIT_OK,
     _Stop,
 )
+from autoprofiler.cli.compact_cmd import _add_compact
 from autoprofiler.cli.eval_cmd import _add_eval
 from autoprofiler.cli.optimize_cmd import (
     INPUT_FAILURES,
@@ -59,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="autoprofiler", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_eval, _add_profile, _add_route, _add_optimize):
+    for add in (_add_eval, _add_profile, _add_route, _add_optimize, _add_compact):
         add(sub)
     return parser
 

@@ -1,0 +1,75 @@
+"""``tables.compact_runs`` and ``autoprofiler compact``: fewer parts, the same rows in the same order."""
+
+from __future__ import annotations
+
+import time
+
+import pyarrow.parquet as pq
+
+from autoprofiler.cli import main
+from autoprofiler.tables import CANDIDATE_SCHEMA, ParquetTable, compact_runs, part_files
+
+
+def _write(directory, run_id, rows):
+    """One part per row (flush_every=1), under ``run=<run_id>``; a key already held is written again."""
+    table = ParquetTable(
+        directory, CANDIDATE_SCHEMA, flush_every=1, run_id=run_id, writer="arrow", keep="last"
+    )
+    for key, source in rows:
+        table.append({"key": key, "task_hash": "t", "source": source})
+        time.sleep(0.002)  # part names carry the time to the microsecond; keep them distinct
+
+
+def _view(directory, keep):
+    return [(r["key"], r["source"]) for r in ParquetTable(directory, CANDIDATE_SCHEMA, keep=keep).records()]
+
+
+def _all_rows(directory):
+    return sum(pq.ParquetFile(p).metadata.num_rows for p in part_files(directory))
+
+
+def test_compaction_keeps_every_row_and_what_readers_see(tmp_path):
+    d = tmp_path / "candidates"
+    _write(d, "a", [("k1", "a1"), ("k2", "a2"), ("k3", "a3")])
+    _write(d, "b", [("k2", "b2"), ("k4", "b4")])  # k2 measured again in run b
+    _write(d, "c", [("k5", "c5")])
+    first, last, rows = _view(d, "first"), _view(d, "last"), _all_rows(d)
+    assert len(part_files(d)) == 6
+
+    done = compact_runs(d, "candidate")
+
+    assert (done.parts_before, done.parts_after, done.skipped) == (6, 3, ())
+    assert len(part_files(d)) == 3 and _all_rows(d) == rows == 6  # the duplicate of k2 is still there
+    assert _view(d, "first") == first and ("k2", "a2") in first
+    assert _view(d, "last") == last and ("k2", "b2") in last
+    assert compact_runs(d, "candidate").parts_after == 3  # a second pass changes nothing
+
+
+def test_runs_whose_parts_interleave_are_left_as_they_were(tmp_path):
+    d = tmp_path / "candidates"
+    a = ParquetTable(d, CANDIDATE_SCHEMA, flush_every=1, run_id="a", writer="arrow", keep="last")
+    b = ParquetTable(d, CANDIDATE_SCHEMA, flush_every=1, run_id="b", writer="arrow", keep="last")
+    for i, table in enumerate([a, b, a]):  # two runs writing at once
+        table.append({"key": "k", "task_hash": "t", "source": f"{table.run_id}{i}"})
+        time.sleep(0.002)
+    _write(d, "c", [("k9", "c1"), ("k10", "c2")])
+    first, last = _view(d, "first"), _view(d, "last")
+
+    done = compact_runs(d, "candidate")
+
+    assert sorted(s.split(":")[0] for s in done.skipped) == ["run=a", "run=b"]
+    assert done.parts_after == 4  # a and b untouched (2 + 1), c merged (1)
+    assert _view(d, "first") == first == [("k", "a0"), ("k9", "c1"), ("k10", "c2")]
+    assert _view(d, "last") == last == [("k", "a2"), ("k9", "c1"), ("k10", "c2")]  # merging a would give b1
+
+
+def test_compact_command_rewrites_a_recording_and_refuses_a_folder_that_is_not_one(tmp_path, capsys):
+    _write(tmp_path / "rec" / "candidates", "a", [("k1", "x"), ("k2", "y")])
+    assert main(["compact", str(tmp_path / "nothing"), str(tmp_path / "rec")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "nothing is not a recording" in err
+    assert len(part_files(tmp_path / "rec" / "candidates")) == 2  # nothing rewritten before the check
+
+    assert main(["compact", str(tmp_path / "rec")]) == 0
+    assert "candidates: 2 -> 1 parts" in capsys.readouterr().out
+    assert _view(tmp_path / "rec" / "candidates", "first") == [("k1", "x"), ("k2", "y")]
