@@ -19,6 +19,7 @@
 # minute or more; a killed cell is evaluated again later).
 # DROP_ERROR="out of memory": first drop this card's reward rows whose error contains it (an evaluator
 # fault since fixed), so step 2 evaluates them again; run bench/drop_reward_rows.py the same way here.
+# 3. `autoprofiler compact` on the recording (each run's parts as one file) before the last pack.
 # Then here: unpack $OUT/rec.tgz over the repo root (datasets/recorded/<card>, datasets/ops_gen/gpu_verdicts.*)
 # and commit BEFORE the next call: the device works on a copy of this tree, so a call started before the
 # last one's rows are unpacked here measures those cells again (261 cells twice on 2026-12-06).
@@ -104,4 +105,4 @@ if [ "$BUDGET_REC" -gt 60 ]; then
 else
   echo "no time left to record"
 fi
-finish_packing
+compact_and_finish $REC

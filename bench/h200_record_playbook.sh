@@ -91,5 +91,5 @@ all)
   stage autotune compile_max_autotune,compile_coordinate_descent 3 300 ;;
 *) echo "usage: bash bench/h200_record_playbook.sh all|cheap|compile|autotune|loose" >&2; exit 2 ;;
 esac
-finish_packing
+compact_and_finish $REC
 tar czf $OUT/r.tgz -C $OUT r

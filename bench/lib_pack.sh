@@ -5,6 +5,7 @@
 #   start_packing "$OUT/rec.tgz" PATH...    # packs every 30 s (PACK_EVERY) in the background
 #   ...the recording...
 #   finish_packing                          # stops the background packer, packs once more
+#   compact_and_finish RECORDING            # or: stops it, compacts the recording's tables, packs once more
 # Table parts are written atomically (a hidden .tmp, then a rename), so the pack leaves .tmp files out
 # and holds whole parts only; each pack goes to its own .part file, then is renamed over the tarball.
 pack_now() {  # pack_now TARBALL PATH...
@@ -30,3 +31,10 @@ stop_packing() {
   rm -f "${PACK_ARGS[0]}".*.part; PACKER=
 }
 finish_packing() { stop_packing; pack_now "${PACK_ARGS[@]}"; }
+compact_and_finish() {  # compact_and_finish RECORDING: each run's parts as one (every row kept), then pack
+  # The packer is stopped first, so no pack reads a run while its parts are merged. Every run brought back
+  # is compacted, so unpacking here puts a merged part over the same name, never beside its old parts.
+  stop_packing
+  python3 -m autoprofiler.cli compact "$1" | sed 's/^/compact: /'
+  pack_now "${PACK_ARGS[@]}"
+}

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import tarfile
 import time
+from pathlib import Path
 
 import pyarrow.parquet as pq
 
@@ -73,3 +78,29 @@ def test_compact_command_rewrites_a_recording_and_refuses_a_folder_that_is_not_o
     assert main(["compact", str(tmp_path / "rec")]) == 0
     assert "candidates: 2 -> 1 parts" in capsys.readouterr().out
     assert _view(tmp_path / "rec" / "candidates", "first") == [("k1", "x"), ("k2", "y")]
+
+
+def test_a_device_call_packs_its_recording_compacted(tmp_path):
+    """``compact_and_finish`` (``bench/lib_pack.sh``): the tarball a call brings back has one part per run."""
+    root = Path(__file__).resolve().parents[1]
+    rec = tmp_path / "rec"
+    _write(rec / "candidates", "a", [("k1", "a1"), ("k2", "a2")])
+    _write(rec / "candidates", "b", [("k2", "b2"), ("k3", "b3")])
+    first = _view(rec / "candidates", "first")
+    shim = tmp_path / "bin"
+    shim.mkdir()
+    (shim / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    (shim / "python3").chmod(0o755)
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "PYTHONPATH": str(root), "PACK_EVERY": "600"}
+    script = f"source bench/lib_pack.sh; start_packing {tmp_path}/rec.tgz {rec}; compact_and_finish {rec}"
+    done = subprocess.run(
+        ["bash", "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert "compact: " in done.stdout and "candidates: 4 -> 2 parts" in done.stdout
+    out = tmp_path / "unpacked"
+    with tarfile.open(tmp_path / "rec.tgz") as tar:
+        tar.extractall(out, filter="data")
+    unpacked = out / str(rec).lstrip("/") / "candidates"
+    assert len(part_files(unpacked)) == 2
+    assert _view(unpacked, "first") == first and _all_rows(unpacked) == 4
