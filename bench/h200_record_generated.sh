@@ -7,6 +7,7 @@
 # 2. workflows/oracle_sweep.py with datasets/recorded/h200/record.yaml, its filter narrowed to the tasks
 #    that passed, --resume: 16 tasks at a time (`chunk`), every ncu group in its own profiled process per chunk
 #    (passes measured per group), then the rule actions of those tasks; stops starting work at the budget.
+# 3. `autoprofiler compact` on the recording (each run's parts as one file) before the last pack.
 # REQUIRE_GPU=H200: exit at once (nothing recorded) unless the GPU's name contains it, so a call that the
 # device tool serves with another card costs only its start.
 # NEW_TASKS=0: record only the tasks this card's recording already holds rows of (finish them; leave the
@@ -19,8 +20,7 @@
 # minute or more; a killed cell is evaluated again later).
 # DROP_ERROR="out of memory": first drop this card's reward rows whose error contains it (an evaluator
 # fault since fixed), so step 2 evaluates them again; run bench/drop_reward_rows.py the same way here.
-# 3. `autoprofiler compact` on the recording (each run's parts as one file) before the last pack.
-# Then here: unpack $OUT/rec.tgz over the repo root (datasets/recorded/<card>, datasets/ops_gen/gpu_verdicts.*)
+# Then here: `bash bench/unpack_recording.sh <files_at>/rec.tgz` (datasets/recorded/<card>, datasets/ops_gen/gpu_verdicts.*)
 # and commit BEFORE the next call: the device works on a copy of this tree, so a call started before the
 # last one's rows are unpacked here measures those cells again (261 cells twice on 2026-12-06).
 set -u

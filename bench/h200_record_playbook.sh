@@ -17,7 +17,7 @@
 # again until each stage prints "complete: True" (the autotune stage will need more than one call: inductor
 # autotunes GEMM templates for tens of seconds per task, and it runs 3 at a time so that its GPU
 # benchmarking disturbs the other candidates' timing less). The cheap and compile stages run 6 at a time,
-# as the rule actions were recorded. Then here: unpack $OUT/rec.tgz over the repo root and run
+# as the rule actions were recorded. Then here: `bash bench/unpack_recording.sh <files_at>/rec.tgz` and run
 #   python bench/rewriter_reachability.py datasets/h200_suite --out bench/results/rewriter_reachability
 # (add the call to datasets/h200_suite/HISTORY.md). The loose stage's rows are not replayable (no profiles;
 # the reward key has no tolerance, so they must not enter datasets/h200_suite): $OUT/r.tgz holds them.

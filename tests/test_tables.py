@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import tarfile
@@ -13,6 +14,8 @@ import pyarrow.parquet as pq
 
 from autoprofiler.cli import main
 from autoprofiler.tables import CANDIDATE_SCHEMA, ParquetTable, compact_runs, part_files
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _write(directory, run_id, rows):
@@ -82,7 +85,6 @@ def test_compact_command_rewrites_a_recording_and_refuses_a_folder_that_is_not_o
 
 def test_a_device_call_packs_its_recording_compacted(tmp_path):
     """``compact_and_finish`` (``bench/lib_pack.sh``): the tarball a call brings back has one part per run."""
-    root = Path(__file__).resolve().parents[1]
     rec = tmp_path / "rec"
     _write(rec / "candidates", "a", [("k1", "a1"), ("k2", "a2")])
     _write(rec / "candidates", "b", [("k2", "b2"), ("k3", "b3")])
@@ -91,10 +93,10 @@ def test_a_device_call_packs_its_recording_compacted(tmp_path):
     shim.mkdir()
     (shim / "python3").write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     (shim / "python3").chmod(0o755)
-    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "PYTHONPATH": str(root), "PACK_EVERY": "600"}
+    env = {**os.environ, "PATH": f"{shim}:{os.environ['PATH']}", "PYTHONPATH": str(ROOT), "PACK_EVERY": "600"}
     script = f"source bench/lib_pack.sh; start_packing {tmp_path}/rec.tgz {rec}; compact_and_finish {rec}"
     done = subprocess.run(
-        ["bash", "-c", script], cwd=root, env=env, capture_output=True, text=True, timeout=120
+        ["bash", "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr
     assert "compact: " in done.stdout and "candidates: 4 -> 2 parts" in done.stdout
@@ -104,3 +106,31 @@ def test_a_device_call_packs_its_recording_compacted(tmp_path):
     unpacked = out / str(rec).lstrip("/") / "candidates"
     assert len(part_files(unpacked)) == 2
     assert _view(unpacked, "first") == first and _all_rows(unpacked) == 4
+
+
+def test_unpacking_a_compacted_call_replaces_the_tables_it_holds(tmp_path):
+    """``bench/unpack_recording.sh``: where this tree holds a run uncompacted (a call stopped before it
+    compacted) and the next call brings that run back compacted, untarring over the tree would leave the
+    old parts beside the merged one (each row twice); the script replaces the table folders instead."""
+    here = tmp_path / "here" / "rec"
+    _write(here / "candidates", "a", [("k1", "a1"), ("k2", "a2"), ("k3", "a3")])
+    device = tmp_path / "device" / "rec"
+    shutil.copytree(here, device)
+    _write(device / "candidates", "b", [("k4", "b4")])  # the call's new rows
+    compact_runs(device / "candidates", "candidate")
+    (device / "logs").mkdir()
+    (device / "logs" / "call.log").write_text("done\n")
+    with tarfile.open(tmp_path / "rec.tgz", "w:gz") as tar:
+        tar.add(device, arcname="rec")
+    script = ROOT / "bench" / "unpack_recording.sh"
+
+    done = subprocess.run(
+        ["bash", str(script), str(tmp_path / "rec.tgz")], cwd=here.parent, capture_output=True, text=True
+    )
+
+    assert done.returncode == 0, done.stderr
+    assert len(part_files(here / "candidates")) == 2 and _all_rows(here / "candidates") == 4
+    assert _view(here / "candidates", "first") == [("k1", "a1"), ("k2", "a2"), ("k3", "a3"), ("k4", "b4")]
+    assert (here / "logs" / "call.log").read_text() == "done\n"
+    bad = subprocess.run(["bash", str(script), str(tmp_path / "none.tgz")], capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "none.tgz is not a file" in bad.stderr
