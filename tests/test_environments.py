@@ -436,6 +436,8 @@ def test_record_evaluates_again_what_the_evaluator_failed(tmp_path, caplog):
     assert "failed them: cuda_graph 1, keep 1; other 2; the first: " in caplog.text  # the pass alone
     assert "evaluating 2 cells again one at a time" in caplog.text
     assert "out of memory at a share other evaluations shrank" in caplog.text
+    assert caplog.text.count("  the evaluator failed: ") == 3 + 2  # each failed cell, each pass
+    assert f"the evaluator failed: {TASKS[1].id} [{b}] action 'cuda_graph'" in caplog.text
     assert ev.asked.count((a, "tf32")) == 2  # failed, then right in the pass of them together
     assert ev.asked.count((b, "keep")) == 3  # failed, failed together, right alone
     assert ev.asked.count((b, "cuda_graph")) == 3  # failed every time: once, together, alone

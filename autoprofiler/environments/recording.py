@@ -186,8 +186,8 @@ def _retry_evaluator_errors(
             + _tally(_why_failed(results[i].message) for i in again),
             first_line(results[again[0]].message, limit=200, empty="(no message)"),
         )
-        for i in again:
-            logger.debug("the evaluator failed %s: %s", cells[i].key, results[i].message)
+        for i in again:  # each whole (the message names the cell): an allocator's says what it held
+            logger.info("  the evaluator failed: %s", first_line(results[i].message, 2000))
         for batch in [[i] for i in again] if alone else [again]:
             if budget.out_of_time():
                 break
