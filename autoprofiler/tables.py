@@ -593,6 +593,10 @@ def compact_runs(directory: str | Path, name: str) -> Compaction:
             continue
         tmp = run / f".{parts[0].name}.tmp"
         pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp)
+        if pq.ParquetFile(tmp).metadata.num_rows != len(rows):  # read back before anything is replaced
+            tmp.unlink()
+            skipped.append(f"{run.name}: the merged part did not read back with its {len(rows)} rows")
+            continue
         os.replace(tmp, parts[0])
         for part in parts[1:]:
             part.unlink()

@@ -53,6 +53,20 @@ def test_compaction_keeps_every_row_and_what_readers_see(tmp_path):
     assert compact_runs(d, "candidate").parts_after == 3  # a second pass changes nothing
 
 
+def test_a_merged_part_that_does_not_read_back_whole_replaces_nothing(tmp_path, monkeypatch):
+    d = tmp_path / "candidates"
+    _write(d, "a", [("k1", "a1"), ("k2", "a2")])
+    parts = part_files(d)
+    write = pq.write_table
+    monkeypatch.setattr(pq, "write_table", lambda table, where: write(table.slice(0, 1), where))
+
+    done = compact_runs(d, "candidate")
+
+    assert done.skipped == ("run=a: the merged part did not read back with its 2 rows",)
+    assert part_files(d) == parts and not list(d.glob("run=a/.*"))  # the old parts, no temporary left
+    assert _view(d, "first") == [("k1", "a1"), ("k2", "a2")]
+
+
 def test_runs_whose_parts_interleave_are_left_as_they_were(tmp_path):
     d = tmp_path / "candidates"
     a = ParquetTable(d, CANDIDATE_SCHEMA, flush_every=1, run_id="a", writer="arrow", keep="last")
