@@ -31,7 +31,7 @@ def _cmd_compact(args) -> int:
     for folder in folders:  # every path checked before any is rewritten
         if not any((folder / table).is_dir() for table in RECORDING_TABLES):
             print(
-                f"error: {folder} is not a recording: it has none of {', '.join(RECORDING_TABLES)}/",
+                f"error: {folder} is not a recording: it has none of {', '.join(t + '/' for t in RECORDING_TABLES)}",
                 file=sys.stderr,
             )
             return EXIT_BAD_INPUT
