@@ -28,12 +28,10 @@ def _cmd_compact(args) -> int:
     from autoprofiler.tables import RECORDING_TABLES, compact_runs
 
     folders = [Path(r) for r in args.recordings]
+    tables = ", ".join(f"{table}/" for table in RECORDING_TABLES)
     for folder in folders:  # every path checked before any is rewritten
         if not any((folder / table).is_dir() for table in RECORDING_TABLES):
-            print(
-                f"error: {folder} is not a recording: it has none of {', '.join(t + '/' for t in RECORDING_TABLES)}",
-                file=sys.stderr,
-            )
+            print(f"error: {folder} is not a recording: it has none of {tables}", file=sys.stderr)
             return EXIT_BAD_INPUT
     for folder in folders:
         for table, name in RECORDING_TABLES.items():
