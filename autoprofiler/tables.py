@@ -553,6 +553,7 @@ class Compaction:
     bytes_before: int
     bytes_after: int
     skipped: tuple[str, ...] = ()  # run folders left as they were, each with the reason
+    copies_dropped: int = 0  # rows identical to an earlier row of their run (see ``compact_runs``)
 
 
 def compact_runs(directory: str | Path, name: str) -> Compaction:
@@ -564,8 +565,10 @@ def compact_runs(directory: str | Path, name: str) -> Compaction:
     study reads both), and it keeps the write order: a run's parts become one part under the name of its
     first part, so it sorts where they did. That holds only when no two runs' parts interleave in time;
     then a run is left as it is, as is a run with a part that does not read. The merged part is written
-    under a temporary name and renamed over the first part before the others are removed: a crash in
-    between leaves rows twice, in order, which readers resolve as before.
+    under a temporary name, read back, and renamed over the first part before the others are removed: a
+    crash in between leaves rows twice, in order, which readers resolve as before, and the next compaction
+    drops such copies (a row identical in every column, ``created_at`` included, to an earlier row of its
+    run: a recorder writes a key at most once per run, or rewrites it with a new measurement).
     """
     directory, schema = Path(directory), SCHEMAS[name]
     schema = schema.with_metadata({SCHEMA_KEY: _schema_tag(name)})
@@ -583,6 +586,7 @@ def compact_runs(directory: str | Path, name: str) -> Compaction:
     }
     interleaved &= set(runs)
     skipped = [f"{run.name}: its parts interleave with another run's" for run in sorted(interleaved)]
+    copies = 0
     for run, parts in runs.items():
         if run in interleaved or len(parts) == 1:
             continue
@@ -591,6 +595,14 @@ def compact_runs(directory: str | Path, name: str) -> Compaction:
         except Exception as exc:  # a torn part: leave the run for a person to look at
             skipped.append(f"{run.name}: {exc}")
             continue
+        unique, seen = [], set()
+        for row in rows:  # a copy (every column the same) is what a stopped compaction left
+            text = repr(row)
+            if text not in seen:
+                seen.add(text)
+                unique.append(row)
+        copies += len(rows) - len(unique)
+        rows = unique
         tmp = run / f".{parts[0].name}.tmp"
         pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp)
         if pq.ParquetFile(tmp).metadata.num_rows != len(rows):  # read back before anything is replaced
@@ -601,6 +613,5 @@ def compact_runs(directory: str | Path, name: str) -> Compaction:
         for part in parts[1:]:
             part.unlink()
     after = part_files(directory)
-    return Compaction(
-        directory, len(before), len(after), size_before, sum(p.stat().st_size for p in after), tuple(skipped)
-    )
+    size_after = sum(p.stat().st_size for p in after)
+    return Compaction(directory, len(before), len(after), size_before, size_after, tuple(skipped), copies)

@@ -10,8 +10,9 @@
 set -eu
 TARBALL=${1:?usage: bash bench/unpack_recording.sh RECORDING_TARBALL}
 [ -f "$TARBALL" ] || { echo "error: $TARBALL is not a file" >&2; exit 2; }
-tables=$(tar tzf "$TARBALL" | grep -E '^[^/].*/(profiles|rewards|candidates)/$' | sort -u) \
-  || { echo "error: $TARBALL holds no recording table (profiles/, rewards/, candidates/)" >&2; exit 2; }
+listing=$(tar tzf "$TARBALL") || { echo "error: $TARBALL is not a readable tarball" >&2; exit 2; }
+tables=$(echo "$listing" | grep -E '^[^/].*/(profiles|rewards|candidates)/$' | sort -u || true)
+[ -n "$tables" ] || { echo "error: $TARBALL holds no recording table (profiles/, rewards/, candidates/)" >&2; exit 2; }
 for table in $tables; do
   case "$table" in
     ..*|*/../*) echo "error: $TARBALL names a path outside the tree: $table" >&2; exit 2 ;;

@@ -10,6 +10,7 @@ import tarfile
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from autoprofiler.cli import main
@@ -65,6 +66,23 @@ def test_a_merged_part_that_does_not_read_back_whole_replaces_nothing(tmp_path, 
     assert done.skipped == ("run=a: the merged part did not read back with its 2 rows",)
     assert part_files(d) == parts and not list(d.glob("run=a/.*"))  # the old parts, no temporary left
     assert _view(d, "first") == [("k1", "a1"), ("k2", "a2")]
+
+
+def test_a_compaction_stopped_half_way_is_mended_by_the_next(tmp_path):
+    """Stopped after renaming the merged part over the first and before removing the others: the rows
+    of the others are held twice; readers see the same, and the next compaction drops the copies."""
+    d = tmp_path / "candidates"
+    _write(d, "a", [("k1", "a1"), ("k2", "a2"), ("k3", "a3")])
+    first, last = _view(d, "first"), _view(d, "last")
+    parts = part_files(d)
+    merged = pa.concat_tables([pq.read_table(p) for p in parts])
+    pq.write_table(merged, parts[0])  # the merged part renamed over the first; the others still there
+    assert _all_rows(d) == 5 and _view(d, "first") == first and _view(d, "last") == last
+
+    done = compact_runs(d, "candidate")
+
+    assert done.copies_dropped == 2 and done.parts_after == 1 and _all_rows(d) == 3
+    assert _view(d, "first") == first and _view(d, "last") == last
 
 
 def test_runs_whose_parts_interleave_are_left_as_they_were(tmp_path):
@@ -148,3 +166,13 @@ def test_unpacking_a_compacted_call_replaces_the_tables_it_holds(tmp_path):
     assert (here / "logs" / "call.log").read_text() == "done\n"
     bad = subprocess.run(["bash", str(script), str(tmp_path / "none.tgz")], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "none.tgz is not a file" in bad.stderr
+    with tarfile.open(tmp_path / "logs.tgz", "w:gz") as tar:  # a tarball of no recording: nothing unpacked
+        tar.add(device / "logs", arcname="elsewhere")
+    bad = subprocess.run(
+        ["bash", str(script), str(tmp_path / "logs.tgz")], cwd=tmp_path, capture_output=True, text=True
+    )
+    assert (
+        bad.returncode == 2
+        and "holds no recording table" in bad.stderr
+        and not (tmp_path / "elsewhere").exists()
+    )

@@ -42,6 +42,8 @@ def _cmd_compact(args) -> int:
                 f"{folder / table}: {done.parts_before} -> {done.parts_after} parts, "
                 f"{done.bytes_before / 2**20:.1f} -> {done.bytes_after / 2**20:.1f} MiB"
             )
+            if done.copies_dropped:
+                print(f"  dropped {done.copies_dropped} copies of rows (a compaction stopped half-way)")
             for reason in done.skipped:
                 print(f"  left as it was: {reason}")
     return EXIT_OK
