@@ -563,8 +563,8 @@ def compact_runs(directory: str | Path, name: str) -> Compaction:
     becomes thousands of files, each with its own footer and dictionaries. Unlike ``dedupe``, this keeps
     every row, duplicates included (a key measured in two runs stays measured twice: the repeat-measurement
     study reads both), and it keeps the write order: a run's parts become one part under the name of its
-    first part, so it sorts where they did. That holds only when no two runs' parts interleave in time;
-    then a run is left as it is, as is a run with a part that does not read. The merged part is written
+    first part, so it sorts where they did. That holds only when no two runs' parts interleave in time:
+    runs that do are left as they are, as is a run with a part that does not read. The merged part is written
     under a temporary name, read back, and renamed over the first part before the others are removed: a
     crash in between leaves rows twice, in order, which readers resolve as before, and the next compaction
     drops such copies (a row identical in every column, ``created_at`` included, to an earlier row of its

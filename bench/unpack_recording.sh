@@ -13,11 +13,11 @@ TARBALL=${1:?usage: bash bench/unpack_recording.sh RECORDING_TARBALL}
 listing=$(tar tzf "$TARBALL") || { echo "error: $TARBALL is not a readable tarball" >&2; exit 2; }
 tables=$(echo "$listing" | grep -E '^[^/].*/(profiles|rewards|candidates)/$' | sort -u || true)
 [ -n "$tables" ] || { echo "error: $TARBALL holds no recording table (profiles/, rewards/, candidates/)" >&2; exit 2; }
-for table in $tables; do
+for table in $tables; do  # every path checked before any folder is removed
   case "$table" in
     ..*|*/../*) echo "error: $TARBALL names a path outside the tree: $table" >&2; exit 2 ;;
   esac
-  rm -rf "./$table"
 done
+for table in $tables; do rm -rf "./$table"; done
 tar xzf "$TARBALL"
 echo "unpacked $TARBALL: $(echo "$tables" | wc -w) tables replaced ($(echo $tables | tr ' ' ','))"
