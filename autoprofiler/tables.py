@@ -572,15 +572,14 @@ def compact_runs(directory: str | Path, name: str) -> Compaction:
     """
     directory, schema = Path(directory), SCHEMAS[name]
     schema = schema.with_metadata({SCHEMA_KEY: _schema_tag(name)})
-    runs = {}
-    for run in sorted(p for p in directory.glob("run=*") if p.is_dir()):
-        parts = sorted((p for p in run.glob("*.parquet") if not p.name.startswith(".")), key=lambda p: p.name)
-        if parts:
-            runs[run] = parts
-    before = part_files(directory)
+    before = part_files(directory)  # in write order, so each run's parts are too
     size_before = sum(p.stat().st_size for p in before)
+    runs: dict[Path, list[Path]] = {}
+    for part in before:
+        if part.parent != directory:
+            runs.setdefault(part.parent, []).append(part)
     spans = [(parts[0].name, parts[-1].name, run) for run, parts in runs.items()]
-    spans += [(p.name, p.name, p) for p in directory.glob("*.parquet") if not p.name.startswith(".")]
+    spans += [(p.name, p.name, p) for p in before if p.parent == directory]  # top-level parts
     interleaved = {
         run for first, last, run in spans for a, b, other in spans if other != run and a < last and first < b
     }
