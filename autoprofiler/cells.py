@@ -119,11 +119,14 @@ class WorkItem:
 
 @dataclass(frozen=True)
 class CellFailure:
-    """A cell without a row, and why (``kind`` in ``FAILURE_KINDS``)."""
+    """A cell without a row, and why (``kind`` in ``FAILURE_KINDS``; for an ``evaluator_error``,
+    ``cause`` is the evaluator's ``EvaluatorError.cause``: which evaluations crowded which out, or
+    ``""``)."""
 
     key: str
     kind: str
     message: str
+    cause: str = ""
 
     def __post_init__(self):
         if self.kind not in FAILURE_KINDS:

@@ -407,9 +407,10 @@ class CrowdedEvaluator(ScriptedEvaluator):
     evaluator's fault, as a candidate crowded out of GPU memory) the first ``times[(task, action)]``
     times they are asked for."""
 
-    def __init__(self, times: dict[tuple[str, str], int]):
+    def __init__(self, times: dict[tuple[str, str], int], causes: dict[str, str] | None = None):
         super().__init__()
         self.times = dict(times)
+        self.causes = dict(causes or {})  # action -> EvaluatorError.cause ("": none named)
         self.asked: list[tuple[str, str]] = []
 
     def evaluate(self, task, source):
@@ -417,7 +418,8 @@ class CrowdedEvaluator(ScriptedEvaluator):
         self.asked.append((task.hash, action))
         if self.times.get((task.hash, action), 0) > 0:
             self.times[(task.hash, action)] -= 1
-            raise EvaluatorError(f"{action}: out of memory at a share other evaluations shrank")
+            cause = self.causes.get(action, "")
+            raise EvaluatorError(f"{action}: out of memory at a share other evaluations shrank", cause=cause)
         return super().evaluate(task, source)
 
 
@@ -427,13 +429,16 @@ def test_record_evaluates_again_what_the_evaluator_failed(tmp_path, caplog):
     stays a failure (no row), and the next run asks for it again."""
     groups = list(fx.RECORDED_GROUPS)
     a, b = TASKS[0].hash, TASKS[1].hash
-    ev = CrowdedEvaluator({(a, "tf32"): 1, (b, "keep"): 2, (b, "cuda_graph"): 3})
+    causes = {"keep": "candidate_crowded_out", "tf32": "no_room"}  # cuda_graph's names none
+    ev = CrowdedEvaluator({(a, "tf32"): 1, (b, "keep"): 2, (b, "cuda_graph"): 3}, causes)
     env = LiveEnvironment(BatchProfiler(), RuleRewriter(), ev, tmp_path)
     with caplog.at_level(logging.INFO, logger="autoprofiler.environments.recording"):
         summary = record(TASKS[:2], env, groups, chunk=2)
     assert "evaluating 3 cells again together (the evaluator failed them: " in caplog.text
-    assert "failed them: cuda_graph 1, keep 1, tf32 1; other 3; the first: " in caplog.text
-    assert "failed them: cuda_graph 1, keep 1; other 2; the first: " in caplog.text  # the pass alone
+    tally = "cuda_graph 1, keep 1, tf32 1; candidate over its share 1, no room 1, other 1; the first: "
+    assert "failed them: " + tally in caplog.text
+    tally = "cuda_graph 1, keep 1; candidate over its share 1, other 1; the first: "
+    assert "failed them: " + tally in caplog.text  # the pass alone
     assert "evaluating 2 cells again one at a time" in caplog.text
     assert "out of memory at a share other evaluations shrank" in caplog.text
     assert caplog.text.count("  the evaluator failed: ") == 3 + 2  # each failed cell, each pass
@@ -450,21 +455,6 @@ def test_record_evaluates_again_what_the_evaluator_failed(tmp_path, caplog):
     resumed = LiveEnvironment(BatchProfiler(), RuleRewriter(), again, tmp_path)
     assert record(TASKS[:2], resumed, groups, chunk=2)["complete"]
     assert again.asked == [(b, "cuda_graph")]
-
-
-def test_the_retry_log_names_which_process_ran_out_of_memory():
-    """The recording's retry line tallies why the evaluator failed the cells, from the evaluator's own
-    messages: the candidate over a share that others shrank, the reference beside others, no room."""
-    from autoprofiler.environments.recording import _why_failed
-    from autoprofiler.evaluation import _memory
-
-    shrunk = _memory.crowded_out(21 * _memory.GIB, 60 * _memory.GIB, 5)
-    assert _why_failed(shrunk) == "candidate over its share"
-    assert _why_failed("the reference process ran out of memory beside 3 other evaluations") == (
-        "reference beside others"
-    )
-    assert _why_failed("no room for this task beside the other evaluations on the device") == "no room"
-    assert _why_failed("CUDA error: an illegal memory access") == "other"
 
 
 class SlowBatchProfiler(BatchProfiler):

@@ -347,8 +347,9 @@ def test_memory_ledger_waits_for_room_beside_other_evaluations(tmp_path):
         (key, reserved), *others = json.loads(path.read_text()).items()  # its reference process's plan
         assert not others and key != ledger.process_key(os.getpid()) and reserved > 0
         path.write_text(json.dumps(everything))
-        with pytest.raises(EvaluatorError, match="no room for this task beside the other evaluations"):
+        with pytest.raises(EvaluatorError, match="no room for this task beside the other evaluations") as err:
             ev.evaluate(matmul_task, identity_candidate(matmul_task.source))
+        assert err.value.cause == "no_room"  # typed through the sandboxed process and the parent
 
 
 @pytest.mark.parametrize(
@@ -374,6 +375,9 @@ def test_out_of_memory_at_a_share_shrunk_beside_others_is_the_evaluators_error(
     failed = {"op": "failed", "kind": kind, "error": "timing: out of memory", "out_of_memory": out_of_memory}
     failure = referee.candidate_failure(failed)
     assert failure.kind == expected
+    assert referee.failed(failure).get("cause") == (
+        "candidate_crowded_out" if expected == "evaluator_error" else None
+    )
     if expected == "evaluator_error":
         assert "share of 21 GiB" in failure.message and "shrunk from 60 GiB alone" in failure.message
 
@@ -467,6 +471,7 @@ def test_too_large_for_the_memory_others_hold_waits_and_is_the_evaluators_error(
         with pytest.raises(Failure) as failed:
             referee.choose_layout(sizes, budget, (5, 3, 1))
         assert failed.value.kind == "evaluator_error" and "no room for this task" in failed.value.message
+        assert failed.value.cause == "no_room"
     else:
         assert referee.choose_layout(sizes, budget, (5, 3, 1)) == (None, budget)
 
@@ -499,6 +504,7 @@ def test_candidate_killed_by_an_allocation_at_a_crowded_share_is_the_evaluators_
     assert raw["candidate_died"] and ("crowded" in raw) == (beside == (5, 60 * 2**30))
     candidate_died(raw, "exit code 1", tail)
     assert raw["error_kind"] == expected and tail in raw["error"]
+    assert raw.get("cause") == ("candidate_crowded_out" if expected == "evaluator_error" else None)
     if expected == "evaluator_error":
         assert raw["error"].startswith("the candidate's process ran out of memory at its share of 21 GiB")
 
@@ -516,8 +522,20 @@ def test_reference_out_of_memory_before_the_build_beside_others_is_the_evaluator
     referee.built, referee.phase_name, referee.details = False, "running the reference", {}
     result = referee.out_of_memory(MemoryError("CUDA out of memory. Tried to allocate 1.50 GiB"))
     if other_evaluation:
-        assert result["error_kind"] == "evaluator_error"
+        assert result["error_kind"] == "evaluator_error" and result["cause"] == "reference_crowded_out"
         assert "beside 1 other evaluation on the device" in result["error"], result["error"]
     else:
         assert result["error_kind"] == "runtime_error"
         assert result["error"].startswith("the task is too large for this device"), result["error"]
+
+
+def test_the_evaluators_causes_are_named_alike_on_both_sides():
+    """The reference process (``_memory``, standard library only) and the parent (``EVALUATOR_CAUSES``)
+    name the same causes, and the recording's retry log has a short name for each."""
+    from autoprofiler.environments.recording import _WHY_FAILED
+    from autoprofiler.evaluation.results import EVALUATOR_CAUSES, EvaluatorError
+
+    named = {memory.CANDIDATE_CROWDED_OUT, memory.REFERENCE_CROWDED_OUT, memory.NO_ROOM}
+    assert named == set(EVALUATOR_CAUSES) == set(_WHY_FAILED)
+    with pytest.raises(ValueError, match="cause: expected one of"):
+        EvaluatorError("x", cause="out of memory")

@@ -163,6 +163,15 @@ def _record_part(
     return _summary(env, tasks, groups, actions_done, failures, t0, complete and not budget.out_of_time())
 
 
+# a short name for each ``CellFailure.cause`` (``EVALUATOR_CAUSES``), tallied in the log so that a
+# recording shows which cells crowd each other out; any other evaluator failure is "other"
+_WHY_FAILED = {
+    "candidate_crowded_out": "candidate over its share",
+    "reference_crowded_out": "reference beside others",
+    "no_room": "no room",
+}
+
+
 def _retry_evaluator_errors(
     env: Environment, cells: Sequence[Cell], results: list, budget: _Budget
 ) -> list[RewardRow | CellFailure]:
@@ -183,7 +192,7 @@ def _retry_evaluator_errors(
             "one at a time" if alone else "together",
             _tally(cells[i].action or "configuration" for i in again)
             + "; "
-            + _tally(_why_failed(results[i].message) for i in again),
+            + _tally(_WHY_FAILED.get(results[i].cause, "other") for i in again),
             first_line(results[again[0]].message, limit=200, empty="(no message)"),
         )
         for i in again:  # each whole (the message names the cell): an allocator's says what it held
@@ -196,19 +205,6 @@ def _retry_evaluator_errors(
             ):
                 results[i] = result
     return results
-
-
-def _why_failed(message: str) -> str:
-    """A short name for why the evaluator failed a cell, from its message (``_memory``, ``_reference``):
-    which process ran out of memory, or no room on the device; tallied in the log so that a recording
-    shows which cells crowd each other out."""
-    if "candidate's process ran out of memory" in message:
-        return "candidate over its share"
-    if "reference process ran out of memory" in message:
-        return "reference beside others"
-    if "no room for this task" in message:
-        return "no room"
-    return "other"
 
 
 def _tally(names) -> str:

@@ -76,12 +76,15 @@ class Failure(Exception):
     """A classified outcome: ``kind`` is one of the evaluator's error kinds (or ``task_error``, or
     ``evaluator_error``: the evaluation machinery failed, e.g. the timing lock; the parent raises)."""
 
-    def __init__(self, kind: str, message: str, compiled: bool = True, out_of_memory: bool = False):
+    def __init__(
+        self, kind: str, message: str, compiled: bool = True, out_of_memory: bool = False, cause: str = ""
+    ):
         super().__init__(message)
         self.kind = kind
         self.message = message
         self.compiled = compiled
         self.out_of_memory = out_of_memory  # an allocation failed (the candidate's process says so)
+        self.cause = cause  # an evaluator_error's cause (``_memory``: CANDIDATE_CROWDED_OUT, ...)
 
 
 class ProtocolError(Exception):

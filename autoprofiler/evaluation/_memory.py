@@ -29,6 +29,11 @@ SAFETY = 0.85  # share of the free memory both processes together may plan to ho
 COMPARE_CHUNK = 2**24  # elements of an output compared at once (bounds the comparison's temporaries)
 COMPARE_BYTES_PER_ELEM = 64  # temporaries of a comparison per compared element (float64 copies, masks)
 GIB = 2**30
+# why the evaluator failed an evaluation that other evaluations on the device crowded out (the raw
+# result's ``cause``; ``results.EVALUATOR_CAUSES`` lists the same names for the parent's side)
+CANDIDATE_CROWDED_OUT = "candidate_crowded_out"  # the candidate's process at a share others had shrunk
+REFERENCE_CROWDED_OUT = "reference_crowded_out"  # the reference process out of memory beside others
+NO_ROOM = "no_room"  # no room for the plan beside the others after waiting
 
 
 @dataclass(frozen=True)

@@ -177,7 +177,12 @@ class Referee:
         if kind in ("runtime_error", "compile_error") and msg.get("out_of_memory") is True:
             crowded = self.crowded_out()
             if crowded:
-                return Failure("evaluator_error", f"{crowded}: {text}", compiled=self.built)
+                return Failure(
+                    "evaluator_error",
+                    f"{crowded}: {text}",
+                    compiled=self.built,
+                    cause=_memory.CANDIDATE_CROWDED_OUT,
+                )
         return Failure(kind, text, compiled=self.built or kind == "suspicious")
 
     def failed(self, f: Failure) -> dict:
@@ -185,6 +190,8 @@ class Referee:
         its log; ``crowded`` (set when other evaluations had shrunk its share) lets the parent call a
         death by a failed allocation the evaluator's error."""
         result = {"compiled": f.compiled, "correct": False, "error_kind": f.kind, "error": f.message}
+        if f.cause:
+            result["cause"] = f.cause
         if f.kind == "crashed" and getattr(f, "candidate_died", False):
             result["candidate_died"] = True
             crowded = self.crowded_out()
@@ -501,6 +508,7 @@ class Referee:
                     f"no room for this task beside the other evaluations on the device after waiting "
                     f"{wait_s:.0f} s: {shared.source}",
                     compiled=False,
+                    cause=_memory.NO_ROOM,
                 )
             if self.phase_name != "waiting for device memory":
                 self.phase("waiting for device memory")
@@ -544,7 +552,13 @@ class Referee:
                 f"{'s' if others != 1 else ''} on the device (not the task's fault; evaluated again) during "
                 f"{self.phase_name}: {harness.describe(exc, 600)}"
             )
-            return {"compiled": False, "correct": False, "error_kind": "evaluator_error", "error": text}
+            return {
+                "compiled": False,
+                "correct": False,
+                "error_kind": "evaluator_error",
+                "error": text,
+                "cause": _memory.REFERENCE_CROWDED_OUT,
+            }
         if not self.built:
             text = "the task is too large for this device: the reference process ran out of memory during "
         else:

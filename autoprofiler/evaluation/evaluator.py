@@ -49,6 +49,7 @@ from pathlib import Path
 
 from autoprofiler.evaluation.results import (
     ERROR_KINDS,
+    EVALUATOR_CAUSES,
     EvalConfig,
     EvalResult,
     EvaluatorError,
@@ -77,6 +78,14 @@ def candidate_died(raw: dict, exit_reason: str, log_tail: str) -> None:
     raw["error"] = f"{raw.get('error')} ({exit_reason}; {log_tail})"
     if raw.get("crowded") and any(text in log_tail for text in _OUT_OF_MEMORY):
         raw["error_kind"], raw["error"] = "evaluator_error", f"{raw['crowded']}: {raw['error']}"
+        raw["cause"] = "candidate_crowded_out"
+
+
+def _cause(raw: dict) -> str:
+    """The raw result's ``cause`` when it is one of ``EVALUATOR_CAUSES`` (the reference process names
+    it), else ``""``."""
+    cause = raw.get("cause")
+    return cause if cause in EVALUATOR_CAUSES else ""
 
 
 def identity_candidate(task_source: str) -> str:
@@ -310,7 +319,9 @@ class Evaluator:
         if kind == "task_error":
             raise TaskError(f"task {task.id}: {raw.get('error')}")
         if kind == "evaluator_error":  # not the candidate's fault: no result, so nothing is recorded
-            raise EvaluatorError(f"evaluating a candidate for {task.id}: {raw.get('error')}")
+            raise EvaluatorError(
+                f"evaluating a candidate for {task.id}: {raw.get('error')}", cause=_cause(raw)
+            )
         details = dict(raw.get("details") or {})
         details.update(job_s=round(job_s, 3), **extra)
         result = EvalResult(

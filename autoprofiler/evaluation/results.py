@@ -24,6 +24,13 @@ ERROR_KINDS = (
     "suspicious",
 )
 
+# Why the evaluator failed an evaluation that other evaluations on the same device crowded out
+# (``EvaluatorError.cause``; the reference process names them in ``_memory.py``): the candidate's process
+# out of memory at a share the others had shrunk, the reference process out of memory beside them, or no
+# room for the memory plan beside them after waiting. A recording tallies them and evaluates such cells
+# again, last alone on the device.
+EVALUATOR_CAUSES = ("candidate_crowded_out", "reference_crowded_out", "no_room")
+
 OUTPUT_TRANSPORTS = ("auto", "channel", "memfd")
 TASK_SIZES = ("full", "small")
 _DEVICE_RE = re.compile(r"^(cpu|cuda(:\d+)?)$")
@@ -34,7 +41,15 @@ class TaskError(ValueError):
 
 
 class EvaluatorError(RuntimeError):
-    """The environment is broken: a worker could not start (no torch, no CUDA device, ...)."""
+    """The evaluation machinery failed, not the candidate: a worker could not start (no torch, no CUDA
+    device, ...), or other evaluations on the device crowded this one out. ``cause`` is one of
+    ``EVALUATOR_CAUSES`` when the evaluator names it, else ``""``."""
+
+    def __init__(self, message: str, cause: str = ""):
+        super().__init__(message)
+        if cause and cause not in EVALUATOR_CAUSES:
+            raise ValueError(f"cause: expected one of {EVALUATOR_CAUSES}, got {cause!r}")
+        self.cause = cause
 
 
 @dataclass

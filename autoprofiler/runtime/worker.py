@@ -220,7 +220,8 @@ class CellWorker:
             except TaskError as exc:
                 out.append(CellFailure(cell.key, "task_error", f"{cell.describe()}: {exc}"[:2000]))
             except EvaluatorError as exc:
-                out.append(CellFailure(cell.key, "evaluator_error", f"{cell.describe()}: {exc}"[:2000]))
+                message = f"{cell.describe()}: {exc}"[:2000]
+                out.append(CellFailure(cell.key, "evaluator_error", message, cause=exc.cause))
         return out
 
     def profile(
