@@ -425,7 +425,7 @@ class CrowdedEvaluator(ScriptedEvaluator):
 
 def test_record_evaluates_again_what_the_evaluator_failed(tmp_path, caplog):
     """An evaluation the evaluator failed is evaluated again in the same run: together with the other
-    such cells, then alone, and the log says why the first of them failed; a cell failing every time
+    such cells, then alone, and the log tallies why and gives each failure whole; a cell failing every time
     stays a failure (no row), and the next run asks for it again."""
     groups = list(fx.RECORDED_GROUPS)
     a, b = TASKS[0].hash, TASKS[1].hash
@@ -435,9 +435,9 @@ def test_record_evaluates_again_what_the_evaluator_failed(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="autoprofiler.environments.recording"):
         summary = record(TASKS[:2], env, groups, chunk=2)
     assert "evaluating 3 cells again together (the evaluator failed them: " in caplog.text
-    tally = "cuda_graph 1, keep 1, tf32 1; candidate over its share 1, no room 1, other 1; the first: "
+    tally = "cuda_graph 1, keep 1, tf32 1; candidate over its share 1, no room 1, other 1)"
     assert "failed them: " + tally in caplog.text
-    tally = "cuda_graph 1, keep 1; candidate over its share 1, other 1; the first: "
+    tally = "cuda_graph 1, keep 1; candidate over its share 1, other 1)"
     assert "failed them: " + tally in caplog.text  # the pass alone
     assert "evaluating 2 cells again one at a time" in caplog.text
     assert "out of memory at a share other evaluations shrank" in caplog.text

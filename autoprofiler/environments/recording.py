@@ -187,16 +187,15 @@ def _retry_evaluator_errors(
         if not again or budget.out_of_time():
             break
         logger.info(
-            "evaluating %d cells again %s (the evaluator failed them: %s; the first: %s)",
+            "evaluating %d cells again %s (the evaluator failed them: %s; %s)",
             len(again),
             "one at a time" if alone else "together",
-            _tally(cells[i].action or "configuration" for i in again)
-            + "; "
-            + _tally(_WHY_FAILED.get(results[i].cause, "other") for i in again),
-            first_line(results[again[0]].message, limit=200, empty="(no message)"),
+            _tally(cells[i].action or "configuration" for i in again),
+            _tally(_WHY_FAILED.get(results[i].cause, "other") for i in again),
         )
         for i in again:  # each whole (the message names the cell): an allocator's says what it held
-            logger.info("  the evaluator failed: %s", first_line(results[i].message, 2000))
+            message = first_line(results[i].message, 2000, empty="(no message)")
+            logger.info("  the evaluator failed: %s", message)
         for batch in [[i] for i in again] if alone else [again]:
             if budget.out_of_time():
                 break
