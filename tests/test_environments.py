@@ -435,9 +435,9 @@ def test_record_evaluates_again_what_the_evaluator_failed(tmp_path, caplog):
     with caplog.at_level(logging.INFO, logger="autoprofiler.environments.recording"):
         summary = record(TASKS[:2], env, groups, chunk=2)
     assert "evaluating 3 cells again together (the evaluator failed them: " in caplog.text
-    tally = "cuda_graph 1, keep 1, tf32 1; candidate over its share 1, no room 1, other 1)"
+    tally = "cuda_graph 1, keep 1, tf32 1; candidate out of memory 1, no room 1, other 1)"
     assert "failed them: " + tally in caplog.text
-    tally = "cuda_graph 1, keep 1; candidate over its share 1, other 1)"
+    tally = "cuda_graph 1, keep 1; candidate out of memory 1, other 1)"
     assert "failed them: " + tally in caplog.text  # the pass alone
     assert "evaluating 2 cells again one at a time" in caplog.text
     assert "out of memory at a share other evaluations shrank" in caplog.text

@@ -14,7 +14,9 @@ from __future__ import annotations
 import doctest
 import json
 import os
+from collections import Counter
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from conftest import load_tiny_task
@@ -418,6 +420,31 @@ def test_a_share_shrunk_by_memory_others_hold_is_judged_against_the_device_alone
         assert failure.kind == "runtime_error", failure.message
 
 
+def test_beside_others_the_pair_reserves_its_candidates_headroom(tmp_path):
+    """Beside another evaluation the pair reserves the reference's model, the candidate's and the
+    candidate's headroom (one more copy of the inputs and one more forward), so that no later plan
+    counts on memory this candidate may use; and the memory in use on the device that the ledger does
+    not account for (CUDA contexts, caches) shrinks the room beside the others."""
+    gib = 2**30
+    path = ledger_with_another(tmp_path, gib)
+    referee = object.__new__(role_module("reference").Referee)  # only the fields the plan reads
+    referee.cfg = {"memory_ledger": path, "timeout_s": 60.0}
+    referee.beside, referee.phase_name, referee.built = None, "planning", True
+    sizes = memory.Sizes(
+        inputs=gib, outputs=gib, peak=gib, model=0, compare=0, flush=0, cuda=True, block_outputs=0
+    )
+    budget = memory.Budget(pair=40 * gib, process=None, free=60 * gib, source="free", total=80 * gib)
+    layout, shared = referee.choose_layout(sizes, budget, (5, 3, 1))
+    assert layout is not None and layout.full and shared.pair == budget.pair
+    need = memory.needs(sizes, layout, 5)
+    mine = json.loads(Path(path).read_text())[role_module("ledger").process_key(os.getpid())]
+    assert mine == need[0] + need[1] + memory.headroom(sizes) == sum(need) + 2 * gib
+    # 17 GiB in use beyond this process's 2 GiB of tensors and the other's 1 GiB reserved
+    assert "less 17 GiB in use outside the ledger" in shared.source, shared.source
+    crowded = memory.beside(replace(budget, pair=80 * gib), gib, 1, held=3 * gib)
+    assert crowded.pair == int(0.85 * 64 * gib) - gib
+
+
 def test_out_of_memory_while_sending_outputs_says_so():
     """An allocation failing while the candidate's process packs its kept outputs (as it does on a
     crowded device) reaches the reference process marked ``out_of_memory`` with the share it had, like
@@ -539,3 +566,24 @@ def test_the_evaluators_causes_are_named_alike_on_both_sides():
     assert named == set(EVALUATOR_CAUSES) == set(_WHY_FAILED)
     with pytest.raises(ValueError, match="cause: expected one of"):
         EvaluatorError("x", cause="out of memory")
+
+
+def test_memory_crowding_sorts_the_h100_recordings_failures():
+    """bench/memory_crowding.py over the H100 recorder logs of 2026-12-07f: each allocator failure is
+    device full (it tried more than the device had free) or over its share (the device had room), as
+    ``bench/results/memory_crowding_h100.md`` reports; a missing log is a one-line error."""
+    from conftest import load_script
+
+    root = Path(__file__).resolve().parents[1]
+    crowding = load_script(root / "bench" / "memory_crowding.py", register=True)
+    logs = sorted((root / "datasets/recorded/h100/logs").glob("recorder_2026-12-07f_call*.log"))
+    failures = [f for log in logs for line in log.open() if (f := crowding.parse_line(line))]
+    verdicts = Counter((f.process, f.verdict) for f in failures)
+    assert verdicts == {
+        ("candidate", "device full"): 15,
+        ("candidate", "over its share"): 21,
+        ("reference", "device full"): 2,
+    }
+    assert not any(f.action == "keep" and f.verdict == "over its share" for f in failures)
+    assert crowding.parse_line("12:00:00 INFO recorded tasks 1-16 of 431") is None
+    assert crowding.main([str(root / "no-such.log")]) == 2

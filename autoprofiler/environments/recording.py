@@ -166,8 +166,8 @@ def _record_part(
 # a short name for each ``CellFailure.cause`` (``EVALUATOR_CAUSES``), tallied in the log so that a
 # recording shows which cells crowd each other out; any other evaluator failure is "other"
 _WHY_FAILED = {
-    "candidate_crowded_out": "candidate over its share",
-    "reference_crowded_out": "reference beside others",
+    "candidate_crowded_out": "candidate out of memory",
+    "reference_crowded_out": "reference out of memory",
     "no_room": "no room",
 }
 

@@ -229,16 +229,63 @@ def measure_budget(tools, held: int, budget_gb: float | None) -> Budget:
     return Budget(pair=pair, process=process, free=free, source=source, total=int(total))
 
 
-def beside(budget: Budget, reserved: int, others: int) -> Budget:
+def beside(budget: Budget, reserved: int, others: int, held: int = 0) -> Budget:
     """``budget`` beside ``others`` live evaluations on the same device that reserved ``reserved``
-    bytes (``_ledger``): at most ``SAFETY`` x the device's memory less their reservations, whatever is
-    free now (they may not have allocated yet)."""
+    bytes (``_ledger``), whatever is free now (they may not have allocated yet): at most ``SAFETY`` x
+    what the device has beyond what the ledger accounts for, less their reservations.
+
+    The ledger holds tensors' bytes only. What else is in use on the device now, beyond ``held`` (this
+    process's tensors) and the others' reservations, is memory no plan counts: every process's CUDA
+    context (about 0.7 GiB each on an H100: 15 GiB for 22 processes), spare workers, caches, other
+    programs. It is taken off the device's memory before ``SAFETY`` applies. (A lower bound: what the
+    others have not allocated yet hides as much of it.)
+
+    >>> b = Budget(pair=60 * GIB, process=None, free=50 * GIB, source="", total=80 * GIB)
+    >>> beside(b, 20 * GIB, 2, held=2 * GIB).pair // GIB  # 8 GiB unseen: 0.85 x 72 - 20
+    41
+    >>> beside(b, 0, 0).pair // GIB  # nothing else in the ledger: the budget as measured
+    60
+    """
     if not others or not budget.total:
         return budget
-    room = max(0, int(SAFETY * budget.total) - reserved)
-    source = f"{budget.source}; at most {SAFETY:g} x {gib(budget.total)} GiB less {gib(reserved)} GiB"
-    source += f" reserved by {others} other evaluation{'s' if others != 1 else ''} on the device"
+    unseen = max(0, budget.total - budget.free - held - reserved)
+    room = max(0, int(SAFETY * (budget.total - unseen)) - reserved)
+    source = (
+        f"{budget.source}; at most {SAFETY:g} x ({gib(budget.total)} GiB less {gib(unseen)} GiB in use "
+        f"outside the ledger) less {gib(reserved)} GiB reserved by {others} other "
+        f"evaluation{'s' if others != 1 else ''} on the device"
+    )
     return replace(budget, pair=min(budget.pair, room), source=source)
+
+
+def headroom(s: Sizes) -> int:
+    """Room the candidate's process may take beyond the reference's model (``needs``) beside other
+    evaluations: one more copy of the inputs and one more forward (a ``channels_last`` copy of the
+    inputs, a CUDA graph's static inputs and memory pool, ``torch.compile``'s buffers). On an H100,
+    such rewrites ran out of memory at a share sized to the model while the reference's own code
+    (``keep``) never did.
+
+    >>> headroom(Sizes(100, 40, 70, 0, 0, 0, True, 40))
+    170
+    """
+    return s.inputs + max(s.peak, s.outputs)
+
+
+def candidate_share(need: tuple[int, int], pair: int, head: int, crowded: bool) -> tuple[int, int]:
+    """(the candidate process's cap, the bytes the pair reserves in the ledger) for a plan that needs
+    ``need`` in a budget of ``pair``. Alone on the device the candidate may take all of the budget that
+    the reference process leaves (so a candidate that fails alone fails for its own reasons), and the
+    pair reserves its model plus ``head``; beside others it may take its model plus ``head`` and
+    reserves exactly that, so that no evaluation plans into memory another's candidate may use.
+
+    >>> candidate_share((100, 200), 1000, 50, crowded=False), candidate_share((100, 200), 1000, 50, True)
+    ((900, 350), (250, 350))
+    >>> candidate_share((100, 200), 320, 50, crowded=True)  # the budget is all there is
+    (220, 320)
+    """
+    room = pair - need[0]
+    wanted = min(room, need[1] + head)
+    return (wanted if crowded else room), need[0] + wanted
 
 
 def alone(budget: Budget, budget_gb: float | None) -> Budget:

@@ -465,9 +465,10 @@ class Referee:
         if layout is None:
             raise Failure("runtime_error", _memory.too_large(sizes, budget, need), compiled=False)
         self.layout = layout
-        # the candidate's process: what it may allocate on the device (the rest of the budget), and how
-        # it holds its trials
-        cap = budget.pair - need[0] if tools.is_cuda else None
+        # the candidate's process: what it may allocate on the device (``_memory.candidate_share``: the
+        # rest of the budget alone, its model and headroom beside others), and how it holds its trials
+        share = _memory.candidate_share(need, budget.pair, _memory.headroom(sizes), self.beside is not None)
+        cap = share[0] if tools.is_cuda else None
         self.candidate_memory = {"lean": layout.lean, "full": layout.full, "cap_bytes": cap}
         return layout
 
@@ -490,10 +491,11 @@ class Referee:
         while True:
             with _ledger.Ledger(path) as book:
                 others = book.count()
-                shared = _memory.beside(budget, book.others(), others)
+                shared = _memory.beside(budget, book.others(), others, held)
                 layout = _memory.choose(sizes, shared, *counts)
-                if layout is not None:
-                    book.reserve(sum(_memory.needs(sizes, layout, counts[0])))
+                if layout is not None:  # its model and the candidate's headroom (``candidate_share``)
+                    need = _memory.needs(sizes, layout, counts[0])
+                    book.reserve(_memory.candidate_share(need, shared.pair, _memory.headroom(sizes), True)[1])
             if layout is not None:
                 if others:  # what the candidate's share would be with nothing else on the device
                     whole = _memory.alone(budget, self.cfg.get("memory_budget_gb"))

@@ -1,0 +1,133 @@
+"""Why evaluations ran out of device memory beside others, from a recording's logs.
+
+A recording logs every cell the evaluator failed whole ("  the evaluator failed: ..."); a failure by
+CUDA's allocator quotes its own account: what it tried to allocate, what the device had free, the
+process's cap ("... GiB allowed") and use, and every process on the device. This sorts each into:
+
+- **device full**: the allocation was larger than what the device had free, so the process was within
+  its cap (the plans of all processes together overcommitted the device);
+- **over its share**: the device had room, the process's cap did not;
+- **unknown**: the allocator's text is not in the line.
+
+    python bench/memory_crowding.py datasets/recorded/h100/logs/recorder_2026-12-07f_call*.log \\
+        --out bench/results/memory_crowding_h100.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+_UNITS = {"GiB": 2**30, "MiB": 2**20, "KiB": 2**10, "B": 1}
+_SIZE = r"([\d.]+) (GiB|MiB|KiB|B)"
+
+
+@dataclass(frozen=True)
+class Failure:
+    process: str  # "candidate" | "reference" | "other"
+    action: str
+    verdict: str  # "device full" | "over its share" | "unknown"
+    tried: float | None  # GiB
+    free: float | None
+    allowed: float | None
+    in_use: float | None  # this process, CUDA context included
+    processes: int  # processes on the device, this one included
+    small: int  # of them, holding 0.5-0.8 GiB: about a CUDA context and nothing else
+    device_used: float  # GiB, the processes' use together
+
+
+def _gib(match: re.Match | None, group: int = 1) -> float | None:
+    return None if match is None else float(match.group(group)) * _UNITS[match.group(group + 1)] / 2**30
+
+
+def parse_line(line: str) -> Failure | None:
+    """The failure one log line describes, ``None`` for any other line."""
+    if "the evaluator failed:" not in line:
+        return None
+    action = re.search(r"action '(\w+)'", line)
+    if "candidate's process ran out of memory" in line:
+        process = "candidate"
+    elif "reference process ran out of memory" in line:
+        process = "reference"
+    else:
+        process = "other"
+    tried = _gib(re.search(r"Tried to allocate " + _SIZE, line))
+    free = _gib(re.search(r"of which " + _SIZE + " is free", line))
+    allowed = _gib(re.search(_SIZE + " allowed", line))
+    in_use = _gib(re.search(r"this process has " + _SIZE + " memory in use", line))
+    listed = re.findall(r"Process \d+ has " + _SIZE + " memory", line)
+    others = [float(v) * _UNITS[u] / 2**30 for v, u in listed]
+    if tried is not None and free is not None and tried > free:
+        verdict = "device full"
+    elif tried is not None and free is not None:
+        verdict = "over its share"
+    else:
+        verdict = "unknown"
+    return Failure(
+        process=process,
+        action=action.group(1) if action else "?",
+        verdict=verdict,
+        tried=tried,
+        free=free,
+        allowed=allowed,
+        in_use=in_use,
+        processes=len(others) + (in_use is not None),
+        small=sum(0.5 <= g <= 0.8 for g in others),
+        device_used=sum(others) + (in_use or 0.0),
+    )
+
+
+def _fmt(x: float | None) -> str:
+    return "" if x is None else f"{x:.2f}"
+
+
+def table(failures: list[Failure]) -> str:
+    lines = [
+        "| process | action | verdict | tried GiB | free GiB | cap GiB | in use GiB | processes "
+        "| ~context only | device used GiB |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for f in failures:
+        lines.append(
+            f"| {f.process} | {f.action} | {f.verdict} | {_fmt(f.tried)} | {_fmt(f.free)} "
+            f"| {_fmt(f.allowed)} | {_fmt(f.in_use)} | {f.processes} | {f.small} | {f.device_used:.1f} |"
+        )
+    return "\n".join(lines)
+
+
+def summary(failures: list[Failure]) -> str:
+    by = Counter((f.process, f.verdict) for f in failures)
+    over = Counter(f.action for f in failures if f.verdict == "over its share")
+    full = Counter(f.action for f in failures if f.verdict == "device full")
+    return "\n".join(
+        [
+            f"failures: {len(failures)}; " + ", ".join(f"{p} {v}: {n}" for (p, v), n in sorted(by.items())),
+            "over its share, by action: " + ", ".join(f"{a} {n}" for a, n in over.most_common()),
+            "device full, by action: " + ", ".join(f"{a} {n}" for a, n in full.most_common()),
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("logs", nargs="+", type=Path, help="recorder logs (record_generated.log of each call)")
+    p.add_argument("--out", type=Path, default=None, help="also write the table and summary as Markdown")
+    args = p.parse_args(argv)
+    missing = [str(path) for path in args.logs if not path.is_file()]
+    if missing:
+        print(f"error: not a file: {', '.join(missing)}", file=sys.stderr)
+        return 2
+    failures = [f for path in args.logs for line in path.open(errors="replace") if (f := parse_line(line))]
+    text = summary(failures) + "\n\n" + table(failures)
+    print(text)
+    if args.out:
+        args.out.write_text(text + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
