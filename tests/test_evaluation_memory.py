@@ -372,7 +372,7 @@ def test_out_of_memory_at_a_share_shrunk_beside_others_is_the_evaluators_error(
     shrank (21 GiB, 60 GiB alone) is the evaluator's error, so nothing is recorded; alone, or for any
     other failure, the candidate's outcome stands."""
     referee = object.__new__(role_module("reference").Referee)  # only the fields candidate_failure reads
-    referee.built, referee.beside = True, beside
+    referee.built, referee.beside, referee.cfg = True, beside, {}  # no ledger: nothing beside it now
     referee.candidate_memory = {"cap_bytes": 21 * 2**30}
     failed = {"op": "failed", "kind": kind, "error": "timing: out of memory", "out_of_memory": out_of_memory}
     failure = referee.candidate_failure(failed)
@@ -391,6 +391,33 @@ def ledger_with_another(tmp_path, held: int | None) -> str:
     path = tmp_path / "ledger.json"
     path.write_text(json.dumps({ledger.process_key(os.getppid()): held} if held is not None else {}))
     return str(path)
+
+
+@pytest.mark.parametrize("built", [True, False])
+def test_out_of_memory_beside_evaluations_started_after_the_plan_is_the_evaluators_error(tmp_path, built):
+    """A plan made alone gives the candidate the whole budget, but evaluations started after it may fill
+    the device while the candidate is within its share (on an H100 a candidate failed allocating 3 GiB
+    at a 13.3 GiB share holding 7.5 GiB, 0.4 GiB free on the device). With another evaluation in the
+    ledger at the time of the failure, the candidate's allocation failure and the reference process's,
+    before or after the build, are the evaluator's error (evaluated again, last alone); alone they stay
+    the candidate's runtime_error and the reference's report."""
+    referee = object.__new__(role_module("reference").Referee)
+    referee.built, referee.beside, referee.phase_name, referee.details = built, None, "timing", {}
+    referee.candidate_memory = {"cap_bytes": 13 * 2**30}
+    failed = {"op": "failed", "kind": "runtime_error", "error": "timing: OOM", "out_of_memory": True}
+    for other_evaluation in (True, False):
+        referee.cfg = {"memory_ledger": ledger_with_another(tmp_path, 2**30 if other_evaluation else None)}
+        failure = referee.candidate_failure(failed)
+        result = referee.out_of_memory(MemoryError("CUDA out of memory. Tried to allocate 3.00 GiB"))
+        if other_evaluation:
+            assert failure.kind == "evaluator_error" and failure.cause == "candidate_crowded_out"
+            assert "while 1 other evaluation on the device may have filled it" in failure.message
+            assert result["error_kind"] == "evaluator_error" and result["cause"] == "reference_crowded_out"
+            assert result["compiled"] == built
+        else:
+            assert failure.kind == "runtime_error", failure.message
+            assert result["error_kind"] == "runtime_error" and "cause" not in result
+
 
 
 @pytest.mark.parametrize("other_evaluation", [True, False])
@@ -523,7 +550,7 @@ def test_candidate_killed_by_an_allocation_at_a_crowded_share_is_the_evaluators_
     from autoprofiler.evaluation.evaluator import candidate_died
 
     referee = object.__new__(role_module("reference").Referee)  # only the fields failed() reads
-    referee.built, referee.beside = True, beside
+    referee.built, referee.beside, referee.cfg = True, beside, {}  # no ledger: nothing beside it now
     referee.candidate_memory = {"cap_bytes": 21 * 2**30}
     died = Failure("crashed", "the candidate's process died during correctness trial 0", compiled=True)
     died.candidate_died = True

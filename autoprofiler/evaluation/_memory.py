@@ -324,6 +324,24 @@ def crowded_out(cap: int | None, alone_cap: int | None, others: int) -> str | No
     )
 
 
+def beside_now(cap: int | None, others: int) -> str | None:
+    """Why the candidate's process running out of memory at its share ``cap`` is the evaluator's fault
+    when ``others`` evaluations are on the device at the time, whatever its plan saw: they may have
+    filled the device while it was within its share (on an H100, 15 of 36 such failures were an
+    allocation larger than the device had free). ``None`` when it was alone, or had no share.
+
+    >>> beside_now(13 * GIB, 2) is not None, beside_now(13 * GIB, 0), beside_now(None, 2)
+    (True, None, None)
+    """
+    if not cap or not others:
+        return None
+    return (
+        f"the candidate's process ran out of memory at its share of {gib(cap)} GiB while {others} other "
+        f"evaluation{'s' if others != 1 else ''} on the device may have filled it: not the candidate's "
+        "fault, so nothing is recorded and a resumed run evaluates it again"
+    )
+
+
 def proc_status_bytes(field: str) -> int:
     with open("/proc/self/status") as fh:
         for line in fh:

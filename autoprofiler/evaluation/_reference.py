@@ -200,12 +200,18 @@ class Referee:
         return result
 
     def crowded_out(self) -> str | None:
-        """``_memory.crowded_out`` for this evaluation's plan: the candidate's share and what it would
-        have been without the other evaluations' reservations."""
-        if self.beside is None:
-            return None
-        others, alone_cap = self.beside
-        return _memory.crowded_out(self.candidate_memory.get("cap_bytes"), alone_cap, others)
+        """Why the candidate's failed allocation is the evaluator's error, or ``None``: its share was
+        smaller than alone because of the other evaluations when it was planned
+        (``_memory.crowded_out``), or other evaluations are on the device now (``_memory.beside_now``:
+        started after the plan, they may have filled the device while the candidate was within its
+        share). Either way the cell is evaluated again, last alone, where the failure is its own."""
+        cap = self.candidate_memory.get("cap_bytes")
+        if self.beside is not None:
+            others, alone_cap = self.beside
+            shrunk = _memory.crowded_out(cap, alone_cap, others)
+            if shrunk:
+                return shrunk
+        return _memory.beside_now(cap, self.others_on_the_device())
 
     def protocol_error(self, what: str) -> Failure:
         return Failure("suspicious", f"the candidate's process broke the evaluation protocol: {what}")
@@ -547,15 +553,16 @@ class Referee:
             if "reference_bytes" in plan
             else ""
         )
-        others = 0 if self.built else self.others_on_the_device()
-        if others:  # what the other evaluations hold may be all that is missing: not the task's fault
+        others = self.others_on_the_device()
+        if others:  # what the other evaluations hold may be all that is missing: nobody's fault here
+            whose = "the task's or the candidate's" if self.built else "the task's"
             text = (
                 f"the reference process ran out of memory beside {others} other evaluation"
-                f"{'s' if others != 1 else ''} on the device (not the task's fault; evaluated again) during "
+                f"{'s' if others != 1 else ''} on the device (not {whose} fault; evaluated again) during "
                 f"{self.phase_name}: {harness.describe(exc, 600)}"
             )
             return {
-                "compiled": False,
+                "compiled": self.built,
                 "correct": False,
                 "error_kind": "evaluator_error",
                 "error": text,
