@@ -420,6 +420,19 @@ def test_out_of_memory_beside_evaluations_started_after_the_plan_is_the_evaluato
 
 
 
+ONE_GIB_TASK = memory.Sizes(
+    inputs=2**30, outputs=2**30, peak=2**30, model=0, compare=0, flush=0, cuda=True, block_outputs=0
+)
+
+
+def planning_referee(ledger: str):
+    """A reference process's ``Referee`` with only the fields its memory plan reads, on ``ledger``."""
+    referee = object.__new__(role_module("reference").Referee)
+    referee.cfg = {"memory_ledger": ledger, "timeout_s": 60.0}
+    referee.beside, referee.phase_name, referee.built = None, "planning", True
+    return referee
+
+
 @pytest.mark.parametrize("other_evaluation", [True, False])
 def test_a_share_shrunk_by_memory_others_hold_is_judged_against_the_device_alone(tmp_path, other_evaluation):
     """Other evaluations shrink the candidate's share by what they already hold (the budget sees a
@@ -428,12 +441,7 @@ def test_a_share_shrunk_by_memory_others_hold_is_judged_against_the_device_alone
     whole device would give; with none, the same failure is the candidate's."""
     gib = 2**30
     path = ledger_with_another(tmp_path, gib if other_evaluation else None)
-    referee = object.__new__(role_module("reference").Referee)  # only the fields the plan reads
-    referee.cfg = {"memory_ledger": path, "timeout_s": 60.0}
-    referee.beside, referee.phase_name, referee.built = None, "planning", True
-    sizes = memory.Sizes(
-        inputs=gib, outputs=gib, peak=gib, model=0, compare=0, flush=0, cuda=True, block_outputs=0
-    )
+    referee, sizes = planning_referee(path), ONE_GIB_TASK
     budget = memory.Budget(pair=20 * gib, process=None, free=24 * gib, source="free", total=80 * gib)
     layout, shared = referee.choose_layout(sizes, budget, (5, 3, 1))
     assert layout is not None and shared.pair == budget.pair  # the ledger shrank nothing more
@@ -454,12 +462,7 @@ def test_beside_others_the_pair_reserves_its_candidates_headroom(tmp_path):
     not account for (CUDA contexts, caches) shrinks the room beside the others."""
     gib = 2**30
     path = ledger_with_another(tmp_path, gib)
-    referee = object.__new__(role_module("reference").Referee)  # only the fields the plan reads
-    referee.cfg = {"memory_ledger": path, "timeout_s": 60.0}
-    referee.beside, referee.phase_name, referee.built = None, "planning", True
-    sizes = memory.Sizes(
-        inputs=gib, outputs=gib, peak=gib, model=0, compare=0, flush=0, cuda=True, block_outputs=0
-    )
+    referee, sizes = planning_referee(path), ONE_GIB_TASK
     budget = memory.Budget(pair=40 * gib, process=None, free=60 * gib, source="free", total=80 * gib)
     layout, shared = referee.choose_layout(sizes, budget, (5, 3, 1))
     assert layout is not None and layout.full and shared.pair == budget.pair
