@@ -513,6 +513,31 @@ def test_experience_fits_on_several_recordings_with_a_training_filter():
         ExperienceRewriter.from_recording([H200, REPO / "datasets" / "suite"])
 
 
+def test_experience_leaves_out_a_task_still_being_recorded(tmp_path):
+    """A training task with rows for only some rule actions (a recording stopped mid-task) is not
+    fitted on, so the actions every fitted task has stay the five rule actions; fitted on, it would have
+    narrowed them to its own."""
+    import shutil
+
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    copy = tmp_path / "h200"
+    shutil.copytree(H200, copy)
+    whole = ExperienceRewriter.from_recording(copy, train=lambda h: True, common_actions_only=True)
+    assert set(RULE_ACTIONS) <= set(whole.actions())
+    victim = whole.experience[0].task_hash
+    for part in sorted((copy / "rewards").rglob("*.parquet")):
+        table = pq.read_table(part)
+        gone = pc.and_(pc.equal(table["task_hash"], victim), pc.not_equal(table["action"], "torch_compile"))
+        pq.write_table(table.filter(pc.invert(pc.fill_null(gone, False))), part)
+    fitted = ExperienceRewriter.from_recording(copy, train=lambda h: True, common_actions_only=True)
+    assert victim not in {e.task_hash for e in fitted.experience}
+    assert len(fitted.experience) == len(whole.experience) - 1 and fitted.actions() == whole.actions()
+    for e in fitted.experience:
+        assert set(RULE_ACTIONS) <= set(e.outcomes)
+
+
 # ------------------------------------------------------------------------------------------------
 # ExperienceRewriter on hand-made experience
 # ------------------------------------------------------------------------------------------------

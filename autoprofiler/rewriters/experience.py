@@ -35,7 +35,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from autoprofiler.rewriters.actions import ACTIONS, ACTIONS_VERSION, FixedAction, action_rewrite, build_source
+from autoprofiler.rewriters.actions import (
+    ACTIONS,
+    ACTIONS_VERSION,
+    RULE_ACTIONS,
+    FixedAction,
+    action_rewrite,
+    build_source,
+)
 from autoprofiler.rewriters.base import Rewrite
 from autoprofiler.rewriters.evidence import number
 from autoprofiler.rewriters.split import is_tuning_task
@@ -147,7 +154,10 @@ class ExperienceRewriter:
         """Fit on the action rows and profiles of ``recording`` (one folder, or several read together,
         e.g. the recordings of two cards) for the tasks ``train(task_hash)`` keeps (default: the tuning
         split). ``common_actions_only``: choose among ``common_actions()`` only, what a replay of tasks
-        recorded like these can answer. Raises ``FileNotFoundError``/``ValueError`` naming what is missing."""
+        recorded like these can answer. A task without a row for every rule action (``RULE_ACTIONS``,
+        which a recording makes for every task) is one still being recorded and is left out: fitted on,
+        its few outcomes would narrow ``common_actions()`` to them. Raises
+        ``FileNotFoundError``/``ValueError`` naming what is missing."""
         from autoprofiler.profiling.cache import profile_from_record
         from autoprofiler.tables import ProfileTable, RewardTable
 
@@ -165,6 +175,8 @@ class ExperienceRewriter:
                 continue
             outcomes.setdefault(row.task_hash, {})[row.action] = float(row.effective_speedup)
             names[row.task_hash] = row.task_id
+        for task_hash in [h for h, by_action in outcomes.items() if not set(RULE_ACTIONS) <= set(by_action)]:
+            del outcomes[task_hash]  # still being recorded: its few actions would narrow common_actions()
         profiles = ProfileTable(None, read_from=[r / "profiles" for r in roots])
         experience = []
         for task_hash in sorted(outcomes):
