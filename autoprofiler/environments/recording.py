@@ -19,6 +19,7 @@ from typing import Any
 
 from autoprofiler.cells import Cell, CellFailure, RewardRow
 from autoprofiler.environments.environment import Environment, configuration_groups
+from autoprofiler.evaluation.results import CANDIDATE_CROWDED_OUT, NO_ROOM, REFERENCE_CROWDED_OUT
 from autoprofiler.rewriters.base import ActionRewriter
 from autoprofiler.runtime.driver import BatchClock
 from autoprofiler.tables import RewardTable
@@ -166,9 +167,9 @@ def _record_part(
 # a short name for each ``CellFailure.cause`` (``EVALUATOR_CAUSES``), tallied in the log so that a
 # recording shows which cells crowd each other out; any other evaluator failure is "other"
 _WHY_FAILED = {
-    "candidate_crowded_out": "candidate out of memory",
-    "reference_crowded_out": "reference out of memory",
-    "no_room": "no room",
+    CANDIDATE_CROWDED_OUT: "candidate out of memory",
+    REFERENCE_CROWDED_OUT: "reference out of memory",
+    NO_ROOM: "no room",
 }
 
 

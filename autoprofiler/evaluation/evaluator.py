@@ -48,6 +48,7 @@ from collections import deque
 from pathlib import Path
 
 from autoprofiler.evaluation.results import (
+    CANDIDATE_CROWDED_OUT,
     ERROR_KINDS,
     EVALUATOR_CAUSES,
     EvalConfig,
@@ -78,7 +79,7 @@ def candidate_died(raw: dict, exit_reason: str, log_tail: str) -> None:
     raw["error"] = f"{raw.get('error')} ({exit_reason}; {log_tail})"
     if raw.get("crowded") and any(text in log_tail for text in _OUT_OF_MEMORY):
         raw["error_kind"], raw["error"] = "evaluator_error", f"{raw['crowded']}: {raw['error']}"
-        raw["cause"] = "candidate_crowded_out"
+        raw["cause"] = CANDIDATE_CROWDED_OUT
 
 
 def _cause(raw: dict) -> str:

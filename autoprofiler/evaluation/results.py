@@ -29,7 +29,10 @@ ERROR_KINDS = (
 # out of memory at a share the others had shrunk, the reference process out of memory beside them, or no
 # room for the memory plan beside them after waiting. A recording tallies them and evaluates such cells
 # again, last alone on the device.
-EVALUATOR_CAUSES = ("candidate_crowded_out", "reference_crowded_out", "no_room")
+CANDIDATE_CROWDED_OUT = "candidate_crowded_out"
+REFERENCE_CROWDED_OUT = "reference_crowded_out"
+NO_ROOM = "no_room"
+EVALUATOR_CAUSES = (CANDIDATE_CROWDED_OUT, REFERENCE_CROWDED_OUT, NO_ROOM)
 
 OUTPUT_TRANSPORTS = ("auto", "channel", "memfd")
 TASK_SIZES = ("full", "small")
