@@ -9,6 +9,11 @@ process's cap ("... GiB allowed") and use, and every process on the device. This
 - **over its share**: the device had room, the process's cap did not;
 - **unknown**: the allocator's text is not in the line.
 
+It also counts, per log, how the evaluation passes went: the cells of each first pass and how many of
+them the evaluator failed, how many failed again when evaluated together, and the first passes' cells
+per second. That is what a change of the memory rules trades: fewer retries against fewer evaluations at
+once.
+
     python bench/memory_crowding.py datasets/recorded/h100/logs/recorder_2026-12-07f_call*.log \\
         --out bench/results/memory_crowding_h100.md
 """
@@ -81,6 +86,64 @@ def parse_line(line: str) -> Failure | None:
     )
 
 
+@dataclass
+class Passes:
+    """How one log's evaluation passes went."""
+
+    log: str
+    first_cells: int = 0  # cells evaluated for the first time
+    first_seconds: float = 0.0  # the first passes' time, from their progress lines
+    failed_first: int = 0  # of them, failed by the evaluator (evaluated again together)
+    failed_again: int = 0  # failed again together (evaluated again one at a time)
+
+
+_DONE = re.compile(r"recording: cells (\d+)/\1 \(100%\).*?(?:(\d+) min )?(\d+) s elapsed")
+_AGAIN = re.compile(r"evaluating (\d+) cells again (together|one at a time)")
+
+
+def passes(log: Path) -> Passes:
+    """Count one recorder log's first passes and retries (the progress and "again" lines)."""
+    out = Passes(log.name)
+    retry = ""  # the retry pass a finished pass belongs to, "" for a first pass
+    for line in log.open(errors="replace"):
+        if "the evaluator failed:" in line:
+            continue
+        if again := _AGAIN.search(line):
+            n, how = int(again.group(1)), again.group(2)
+            if how == "together":
+                out.failed_first += n
+            else:
+                out.failed_again += n
+            retry = how
+        elif done := _DONE.search(line):
+            if not retry:
+                out.first_cells += int(done.group(1))
+                out.first_seconds += 60 * int(done.group(2) or 0) + int(done.group(3))
+        elif "recorded tasks" in line or "not all recorded" in line:
+            retry = ""
+    return out
+
+
+def passes_table(rows: list[Passes]) -> str:
+    lines = [
+        "| log | first-pass cells | failed by the evaluator | failed again together | first-pass cell/s |",
+        "|---|---|---|---|---|",
+    ]
+    total = Passes("all")
+    for r in [*rows, total]:
+        if r is not total:
+            total.first_cells += r.first_cells
+            total.first_seconds += r.first_seconds
+            total.failed_first += r.failed_first
+            total.failed_again += r.failed_again
+        rate = f"{r.first_cells / r.first_seconds:.2f}" if r.first_seconds else ""
+        share = f" ({r.failed_first / r.first_cells:.0%})" if r.first_cells else ""
+        lines.append(
+            f"| {r.log} | {r.first_cells} | {r.failed_first}{share} | {r.failed_again} | {rate} |"
+        )
+    return "\n".join(lines)
+
+
 def _fmt(x: float | None) -> str:
     return "" if x is None else f"{x:.2f}"
 
@@ -122,7 +185,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: not a file: {', '.join(missing)}", file=sys.stderr)
         return 2
     failures = [f for path in args.logs for line in path.open(errors="replace") if (f := parse_line(line))]
-    text = summary(failures) + "\n\n" + table(failures)
+    text = (
+        summary(failures)
+        + "\n\n"
+        + passes_table([passes(path) for path in args.logs])
+        + "\n\n"
+        + table(failures)
+    )
     print(text)
     if args.out:
         args.out.write_text(text + "\n")
