@@ -139,7 +139,10 @@ class RewardRow:
 
     ``reward`` and ``effective_speedup`` are computed from ``correct`` and ``speedup`` by ``build``.
     ``candidate_source`` travels with the row from the worker to the table writer, which stores it in
-    the candidates table (keyed by ``candidate_hash``); it is not a reward-table column.
+    the candidates table (keyed by ``candidate_hash``); it is not a reward-table column. Nor is
+    ``memory``: the evaluator's memory plan (``EvalResult.details["memory_plan"]``: what it measured,
+    planned and capped, and on CUDA what the candidate's process reserved at most), which a recording
+    logs so that the plan's model of a candidate can be checked against what candidates used.
     """
 
     key: str
@@ -180,6 +183,7 @@ class RewardRow:
     worker: str = ""
     created_at: _dt.datetime | None = None
     candidate_source: str | None = field(default=None, repr=False, compare=False)
+    memory: dict | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def build(cls, cell: Cell, provenance: Provenance | None = None, **outcome: Any) -> RewardRow:
@@ -205,7 +209,7 @@ class RewardRow:
         return cls(**values)
 
     def to_record(self) -> dict[str, Any]:
-        """The reward-table columns as a dict (no ``candidate_source``).
+        """The reward-table columns as a dict (no ``candidate_source`` or ``memory``).
 
         Every column holds a scalar (str, number, bool, datetime, None), so the shallow copy is what
         ``dataclasses.asdict`` would give, without its per-value deep copy (the replay's hot path).
@@ -244,14 +248,16 @@ class RewardRow:
                 "effective_speedup",
                 "created_at",
                 "candidate_source",
+                "memory",
             )
         }
         return RewardRow.build(cell, **{**keep, **changes})
 
 
 _NULLABLE = {f.name for f in dataclasses.fields(RewardRow) if f.default is None}
-#: the reward-table columns of a ``RewardRow``, in schema order (every field but ``candidate_source``)
-_COLUMNS = tuple(f.name for f in dataclasses.fields(RewardRow) if f.name != "candidate_source")
+#: the reward-table columns of a ``RewardRow``, in schema order (every field but those that travel with it)
+_TRAVELLING = ("candidate_source", "memory")
+_COLUMNS = tuple(f.name for f in dataclasses.fields(RewardRow) if f.name not in _TRAVELLING)
 _COLUMN_SET = frozenset(_COLUMNS)
 
 
@@ -328,6 +334,7 @@ def run_cell(
         result = evaluator.evaluate(cell.task, rewrite.source)
         fields.update(_result_fields(result))
         fields.update(candidate_hash=content_hash(rewrite.source), candidate_source=rewrite.source)
+        fields.update(memory=result.details.get("memory_plan"))
         if provenance is None or not provenance.device:
             fields["device"] = result.device
     return RewardRow.build(cell, provenance, **fields)

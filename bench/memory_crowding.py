@@ -12,7 +12,8 @@ process's cap ("... GiB allowed") and use, and every process on the device. This
 It also counts, per log, how the evaluation passes went: the cells of each first pass and how many of
 them the evaluator failed, how many failed again when evaluated together, and the first passes' cells
 per second. That is what a change of the memory rules trades: fewer retries against fewer evaluations at
-once.
+once. And from the "memory:" lines of evaluations that finished, what candidates reserved at most against
+their plan, by action: the data to size the headroom from.
 
     python bench/memory_crowding.py datasets/recorded/h100/logs/recorder_2026-12-07f_call*.log \\
         --out bench/results/memory_crowding_h100.md
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import statistics
 import sys
 from collections import Counter
 from dataclasses import dataclass
@@ -138,9 +140,38 @@ def passes_table(rows: list[Passes]) -> str:
             total.failed_again += r.failed_again
         rate = f"{r.first_cells / r.first_seconds:.2f}" if r.first_seconds else ""
         share = f" ({r.failed_first / r.first_cells:.0%})" if r.first_cells else ""
-        lines.append(
-            f"| {r.log} | {r.first_cells} | {r.failed_first}{share} | {r.failed_again} | {rate} |"
-        )
+        lines.append(f"| {r.log} | {r.first_cells} | {r.failed_first}{share} | {r.failed_again} | {rate} |")
+    return "\n".join(lines)
+
+
+_PEAK = re.compile(
+    r"memory: \S+ action '(\w+)': the candidate reserved ([\d.e+-]+) GiB at most; planned ([\d.e+-]+) GiB, "
+    r"headroom ([\d.e+-]+) GiB, cap (?:([\d.e+-]+) GiB|none), (beside others|alone)"
+)
+
+
+def peaks_table(logs: list[Path]) -> str:
+    """What candidates reserved at most against their plan, by action, from the recording's "memory:"
+    lines (evaluations that finished; beside others a candidate never exceeds its cap, so there the
+    ratios are bounded by it, alone they are not)."""
+    by: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+    for log in logs:
+        for line in log.open(errors="replace"):
+            if m := _PEAK.search(line):
+                peak, plan, head = float(m.group(2)), float(m.group(3)), float(m.group(4))
+                by.setdefault((m.group(1), m.group(6)), []).append((peak, plan, head))
+    if not by:
+        return 'no "memory:" lines (recorded before the candidates reported their peak)'
+    lines = [
+        "| action | where | cells | peak / plan, median | max | peak over plan + headroom |",
+        "|---|---|---|---|---|---|",
+    ]
+    for (action, where), rows in sorted(by.items()):
+        ratios = sorted(peak / plan for peak, plan, _ in rows if plan > 0)
+        over = sum(peak > plan + head for peak, plan, head in rows)
+        median = f"{statistics.median(ratios):.2f}" if ratios else ""
+        top = f"{ratios[-1]:.2f}" if ratios else ""
+        lines.append(f"| {action} | {where} | {len(rows)} | {median} | {top} | {over} |")
     return "\n".join(lines)
 
 
@@ -189,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         summary(failures)
         + "\n\n"
         + passes_table([passes(path) for path in args.logs])
+        + "\n\n"
+        + peaks_table(args.logs)
         + "\n\n"
         + table(failures)
     )

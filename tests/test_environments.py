@@ -22,6 +22,7 @@ from autoprofiler.environments import (
     derive_configuration_rows,
     record,
 )
+from autoprofiler.environments.recording import memory_line
 from autoprofiler.evaluation import EvalResult, EvaluatorError
 from autoprofiler.profiling.cache import CacheEnvironment
 from autoprofiler.profiling.groups import CONFIGURATIONS, GROUPS
@@ -455,6 +456,45 @@ def test_record_evaluates_again_what_the_evaluator_failed(tmp_path, caplog):
     resumed = LiveEnvironment(BatchProfiler(), RuleRewriter(), again, tmp_path)
     assert record(TASKS[:2], resumed, groups, chunk=2)["complete"]
     assert again.asked == [(b, "cuda_graph")]
+
+
+class MeteredEvaluator(ScriptedEvaluator):
+    """A ScriptedEvaluator whose ``cuda_graph`` results carry a CUDA memory plan with the candidate's
+    peak, as the evaluator's ``details["memory_plan"]`` does on a GPU."""
+
+    PLAN = {
+        "candidate_bytes": 2 * 2**30,
+        "headroom_bytes": 2**29,
+        "candidate_cap_bytes": 5 * 2**29,
+        "beside_others": True,
+        "candidate_peak_reserved_bytes": 3 * 2**30,
+    }
+
+    def evaluate(self, task, source):
+        result = super().evaluate(task, source)
+        if "action 'cuda_graph'" in source:
+            result.details["memory_plan"] = dict(self.PLAN)
+        return result
+
+
+def test_record_logs_what_each_candidate_reserved_against_its_plan(tmp_path, caplog):
+    """A result whose memory plan has the candidate's device peak gets one log line (what the headroom
+    is to be sized from); a plan without it (CPU) none; the reward table gets no memory column."""
+    env = LiveEnvironment(BatchProfiler(), RuleRewriter(), MeteredEvaluator(), tmp_path)
+    with caplog.at_level(logging.INFO, logger="autoprofiler.environments.recording"):
+        assert record(TASKS[:2], env, list(fx.RECORDED_GROUPS), chunk=2)["complete"]
+    lines = [ln for ln in caplog.text.splitlines() if "memory: " in ln]
+    assert len(lines) == 2, lines
+    assert lines[0].endswith(
+        f"memory: {TASKS[0].id} action 'cuda_graph': the candidate reserved 3 GiB at most; planned 2 GiB, "
+        "headroom 0.5 GiB, cap 2.5 GiB, beside others"
+    )
+    assert memory_line(Cell(TASKS[0], rewriter="r", action="keep"), {"candidate_bytes": 1}) is None
+    alone = {**MeteredEvaluator.PLAN, "beside_others": False, "candidate_cap_bytes": None}
+    assert memory_line(Cell(TASKS[0], rewriter="r", action="keep"), alone).endswith("cap none, alone")
+    rows = [r for r in RewardTable(tmp_path / "rewards").rows() if r.action == "cuda_graph"]
+    assert len(rows) == 2 and all(r.memory is None for r in rows)  # travels with the row, not stored
+    assert "memory" not in rows[0].to_record()
 
 
 class SlowBatchProfiler(BatchProfiler):

@@ -192,6 +192,10 @@ def test_small_task_keeps_the_default_plan(evaluator):
     assert plan["default"] and plan["trials_held"] == 5 and plan["live_sets"] == 3
     assert plan["checked_calls"] == 3 and not plan["lean"]
     assert result.details["timing_input_sets"] == 3
+    # what the candidate's share was made of; no device cap or device peak on the CPU
+    assert plan["headroom_bytes"] == plan["input_bytes"] + plan["peak_bytes"] > 0, plan
+    assert plan["candidate_cap_bytes"] is None and plan["beside_others"] is False, plan
+    assert "candidate_peak_reserved_bytes" not in plan, plan
 
 
 def test_large_inputs_use_one_live_set_and_stay_correct(evaluator):
@@ -419,7 +423,6 @@ def test_out_of_memory_beside_evaluations_started_after_the_plan_is_the_evaluato
             assert result["error_kind"] == "runtime_error" and "cause" not in result
 
 
-
 ONE_GIB_TASK = memory.Sizes(
     inputs=2**30, outputs=2**30, peak=2**30, model=0, compare=0, flush=0, cuda=True, block_outputs=0
 )
@@ -617,3 +620,40 @@ def test_memory_crowding_sorts_the_h100_recordings_failures():
     assert not any(f.action == "keep" and f.verdict == "over its share" for f in failures)
     assert crowding.parse_line("12:00:00 INFO recorded tasks 1-16 of 431") is None
     assert crowding.main([str(root / "no-such.log")]) == 2
+    # the passes of the 2026-12-07f calls: first-pass cells and the evaluator's failures in them
+    passes = [crowding.passes(log) for log in logs]
+    assert [(p.first_cells, p.failed_first, p.failed_again) for p in passes] == [
+        (3, 2, 1),
+        (50, 18, 8),
+        (0, 0, 0),
+        (60, 9, 0),
+    ]
+
+
+def test_memory_crowding_reads_the_recordings_memory_lines(tmp_path):
+    """The "memory:" lines the recording writes (``recording.memory_line``) are what the bench reads:
+    peak over plan by action and where, and how many exceeded plan plus headroom."""
+    from conftest import load_script
+
+    from autoprofiler.cells import Cell
+    from autoprofiler.environments.recording import memory_line
+    from autoprofiler.tasks import Task
+
+    crowding = load_script(
+        Path(__file__).resolve().parents[1] / "bench" / "memory_crowding.py", register=True
+    )
+    task = Task("torch#1/row2", "", "h", 1)
+    k = "candidate_peak_reserved_bytes"
+    plan = {"candidate_bytes": 2 * 2**30, "headroom_bytes": 2**29, "candidate_cap_bytes": 5 * 2**29}
+    lines = [
+        memory_line(
+            Cell(task, rewriter="r", action="cuda_graph"), {**plan, "beside_others": True, k: 3 * 2**30}
+        ),
+        memory_line(Cell(task, rewriter="r", action="cuda_graph"), {**plan, "beside_others": True, k: 2**31}),
+        memory_line(Cell(task, rewriter="r", action="keep"), {**plan, "candidate_cap_bytes": None, k: 2**30}),
+    ]
+    log = tmp_path / "recorder.log"
+    log.write_text("".join(f"12:00:00 INFO autoprofiler.environments.recording:   {ln}\n" for ln in lines))
+    table = crowding.peaks_table([log])
+    assert "| cuda_graph | beside others | 2 | 1.25 | 1.50 | 1 |" in table, table
+    assert "| keep | alone | 1 | 0.50 | 0.50 | 0 |" in table, table

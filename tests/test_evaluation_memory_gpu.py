@@ -96,6 +96,8 @@ def test_small_task_keeps_the_default_plan_on_cuda(evaluator):
     plan = result.details["memory_plan"]
     assert plan["default"] and plan["trials_held"] == 5 and plan["live_sets"] == 3, plan
     assert plan["peak"] == "measured" and plan["budget_bytes"] > 0.5 * device_bytes()
+    # alone, the candidate's cap is the budget the reference leaves; its process reports its peak
+    assert 0 < plan["candidate_peak_reserved_bytes"] <= plan["candidate_cap_bytes"], plan
 
 
 def test_rmsnorm_of_a_quarter_of_the_gpu(evaluator):

@@ -102,6 +102,10 @@ def new_run_id() -> str:
     return _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S-") + uuid.uuid4().hex[:6]
 
 
+#: how many memory plans an environment keeps for a reader (``Environment.memory_plans``): the latest
+MEMORY_PLANS_KEPT = 4096
+
+
 @dataclasses.dataclass
 class EnvStats:
     """Counters: cells asked, answered from the table, run by the runner (a cell the deadline kept from
@@ -148,6 +152,9 @@ class Environment:
         self.run_id = run_id or new_run_id()
         self.profiler = RecordedProfiler(profiles, source, self.prefetch if fetch_profiles else None)
         self.stats = EnvStats()
+        # the evaluator's memory plan of the latest cells computed here whose plan has the candidate's
+        # device peak (``RewardRow.memory``, not a column), by cell key: the recording logs them
+        self.memory_plans: dict[str, dict] = {}
         self._rewriters: dict[str, Rewriter] = {}
         self._rules: dict[str, ActionRewriter] = {}  # the registered rewriters that are rule-based
         if rewriter is not None:
@@ -378,6 +385,10 @@ class Environment:
     def _store(self, row: RewardRow) -> None:
         if not row.run_id:
             row = row.replace(run_id=self.run_id)
+        if row.memory and "candidate_peak_reserved_bytes" in row.memory:
+            self.memory_plans[row.key] = row.memory
+            if len(self.memory_plans) > MEMORY_PLANS_KEPT:  # a reader that never takes them
+                del self.memory_plans[next(iter(self.memory_plans))]
         if row.candidate_source is not None:
             self.candidates.append(
                 {"key": row.candidate_hash, "task_hash": row.task_hash, "source": row.candidate_source}

@@ -139,6 +139,8 @@ def _record_part(
             failures.append(
                 {"task_id": cell.task.id, "stage": f"action:{cell.action}", "error": result.message[:500]}
             )
+        elif line := memory_line(cell, env.memory_plans.pop(cell.key, None)):
+            logger.info("  %s", line)
     config_cells = [
         env.cell(t, configuration_groups(cfg), None, seed, 0)
         for t in tasks
@@ -236,6 +238,27 @@ def _record_in_chunks(
         complete = complete and part["complete"]
         done_actions = list(dict.fromkeys(done_actions + part["actions"]))
     return _summary(env, tasks, groups, done_actions, failures, t0, complete)
+
+
+def memory_line(cell: Cell, plan: dict | None) -> str | None:
+    """One log line comparing what a candidate's process reserved at most on the device with what the
+    evaluator's memory plan gave it (``RewardRow.memory``, kept by ``Environment.memory_plans``), or
+    ``None`` where the plan has no device peak (CPU, an evaluation that stopped before timing).
+    ``bench/memory_crowding.py`` reads these lines."""
+    if not plan or not isinstance(plan.get("candidate_peak_reserved_bytes"), int):
+        return None
+    cap = plan.get("candidate_cap_bytes")
+    return (
+        f"memory: {cell.task.id} action {cell.action!r}: the candidate reserved "
+        f"{_gib(plan['candidate_peak_reserved_bytes'])} GiB at most; planned "
+        f"{_gib(plan.get('candidate_bytes', 0))} GiB, headroom {_gib(plan.get('headroom_bytes', 0))} GiB, "
+        f"cap {_gib(cap) + ' GiB' if cap else 'none'}, "
+        f"{'beside others' if plan.get('beside_others') else 'alone'}"
+    )
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.3g}"
 
 
 def _summary(env, tasks, groups, actions, failures, t0: float, complete: bool) -> dict[str, Any]:

@@ -374,7 +374,14 @@ class CandidateProcess:
                 f"the candidate's Python thread(s) ({names}) were still running the candidate's code "
                 "when timing ended: they compete with the reference"
             )
-        self.link.send({"op": "report", "flags": flags + self.flags()})
+        self.link.send({"op": "report", "flags": flags + self.flags(), "peak_reserved_bytes": self.peak()})
+
+    def peak(self) -> int | None:
+        """What this process's allocator reserved on the device at most (CUDA; ``None`` on CPU): the
+        memory the plan's cap limits, for the reference process's ``memory_plan``."""
+        if not self.tools.is_cuda:
+            return None
+        return int(self.torch.cuda.max_memory_reserved(self.tools.device))
 
     def flags(self) -> list[str]:
         flags = [REFERENCE_USED] if self.tripwire else []

@@ -331,6 +331,7 @@ class Referee:
             timing = self.time_models(ref, get_inputs, warm, calibration)
         msg, _ = self.request({"op": "finish"}, "report")
         self.raise_flags(msg.get("flags"))
+        self.note_candidate_peak(msg.get("peak_reserved_bytes"))
         self.phase("done")
         return timing.result(n_trials)
 
@@ -473,9 +474,13 @@ class Referee:
         self.layout = layout
         # the candidate's process: what it may allocate on the device (``_memory.candidate_share``: the
         # rest of the budget alone, its model and headroom beside others), and how it holds its trials
-        share = _memory.candidate_share(need, budget.pair, _memory.headroom(sizes), self.beside is not None)
+        head = _memory.headroom(sizes)
+        share = _memory.candidate_share(need, budget.pair, head, self.beside is not None)
         cap = share[0] if tools.is_cuda else None
         self.candidate_memory = {"lean": layout.lean, "full": layout.full, "cap_bytes": cap}
+        self.details["memory_plan"].update(
+            headroom_bytes=head, candidate_cap_bytes=cap, beside_others=self.beside is not None
+        )
         return layout
 
     def choose_layout(self, sizes, budget, counts: tuple[int, int, int]):
@@ -538,6 +543,13 @@ class Referee:
             return False
         whole = _memory.alone(budget, self.cfg.get("memory_budget_gb"))
         return _memory.choose(sizes, whole, *counts) is not None
+
+    def note_candidate_peak(self, peak) -> None:
+        """Record what the candidate's process reports it reserved on the device at most (CUDA), beside
+        the plan's ``candidate_bytes`` and cap: the data to size ``_memory.headroom`` from. Reported by
+        the candidate's own process, so a diagnostic, never part of a verdict."""
+        if isinstance(peak, int) and not isinstance(peak, bool) and peak >= 0:
+            self.details.setdefault("memory_plan", {})["candidate_peak_reserved_bytes"] = peak
 
     def out_of_memory(self, exc: BaseException) -> dict:
         """The result when an allocation failed in this process: before the build the task is too large
