@@ -97,6 +97,54 @@ def test_a_worker_killed_mid_sweep_loses_no_row_and_writes_none_twice(local_ray,
     assert sorted(raw) == sorted(i.cell.key for i in items)  # each cell once on disk: none lost, none twice
 
 
+def test_fan_out_counts_a_loss_only_against_the_batch_that_was_running(local_ray, tmp_path):
+    """A batch kills the only worker, whose restart takes 4 s: the driver pings it until it is back
+    before submitting again, so the killer batch is charged one loss (not one per call made while the
+    worker was still restarting) and then runs; every batch ends once."""
+    from autoprofiler.runtime.driver import fan_out
+
+    # defined here, so Ray ships the class by value (the test module is not importable in a worker)
+    class SlowToRestart:
+        """An actor whose batch containing "die" kills it (once), and whose restart takes ``restart_s``."""
+
+        def __init__(self, marker: str, restart_s: float):
+            import time
+
+            if ray.get_runtime_context().was_current_actor_reconstructed:
+                time.sleep(restart_s)  # a busy node: the restart re-runs a slow __init__
+            self.marker = marker
+
+        def info(self) -> int:
+            return os.getpid()
+
+        def run(self, batch: list[str]) -> list[str]:
+            if "die" in batch and not os.path.exists(self.marker):
+                open(self.marker, "w").close()
+                os._exit(1)
+            return [x.upper() for x in batch]
+
+    actor = ray.remote(SlowToRestart).options(max_restarts=-1, max_task_retries=0, num_cpus=0)
+    worker = actor.remote(str(tmp_path / "died"), 4.0)
+    ray.get(worker.info.remote())
+    done, losses = {}, []
+
+    def lost(batch, error):
+        losses.append(tuple(batch))
+        return [batch] if losses.count(tuple(batch)) < 2 else []  # a second loss would give it up
+
+    fan_out(
+        [["a"], ["die"], ["b"]],
+        lambda w, batch: worker.run.remote(batch),
+        1,
+        1,
+        lambda batch, results: done.update(zip(batch, results, strict=True)),
+        lost,
+        ping=lambda w: worker.info.remote(),
+    )
+    assert losses == [("die",)], losses
+    assert done == {"a": "A", "die": "DIE", "b": "B"}
+
+
 def _observing(run_cells, observe):
     """``run_cells`` with ``observe(result)`` called before the environment stores each result."""
 

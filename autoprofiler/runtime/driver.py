@@ -154,6 +154,11 @@ class LocalDriver:
         self.worker.close()
 
 
+#: how long ``fan_out`` waits for a lost worker to answer its ping before it submits to it again anyway
+#: (its next calls then fail, and count, if Ray never brings it back)
+RESTART_WAIT_S = 300.0
+
+
 def fan_out(
     batches: Sequence[Sequence[Any]],
     submit: Callable[[int, Sequence[Any]], Any],
@@ -164,24 +169,30 @@ def fan_out(
     deadline: float | None = None,
     on_skip: Callable[[Sequence[Any]], None] | None = None,
     clock: BatchClock | None = None,
+    ping: Callable[[int], Any] | None = None,
 ) -> None:
     """Submit ``batches`` to ``workers`` with at most ``per_worker`` in flight each; gather as they end.
 
     ``submit(worker index, batch)`` returns a Ray object ref. ``on_done(batch, results)`` takes a batch's
     results. When a call fails because its worker died (``RayActorError``), ``on_lost(batch, error)``
-    returns the batches to submit again (possibly none) and the worker rests a moment while Ray
-    restarts it. Once a batch would no longer end by ``deadline`` (judged by ``clock``, which learns
-    each finished batch's time from submission to result) nothing new is submitted and
-    ``on_skip(batch)`` gets the rest.
+    returns the batches to submit again (possibly none), and the worker gets nothing new until Ray has
+    restarted it: until ``ping(worker index)`` (a cheap call, returning a ref) answers, asked again each
+    second for up to ``RESTART_WAIT_S`` (without ``ping``: after a one-second rest). So a batch is lost
+    only to a worker that was running it, never to one still restarting (a restart re-runs the worker's
+    ``__init__``, which on a busy node takes seconds). Once a batch would no longer end by ``deadline``
+    (judged by ``clock``, which learns each finished batch's time from submission to result) nothing new
+    is submitted and ``on_skip(batch)`` gets the rest.
     """
     import ray
-    from ray.exceptions import RayActorError
+    from ray.exceptions import ActorUnavailableError, RayActorError
 
     queue = deque(batches)
     clock = clock or BatchClock()
     in_flight: dict[Any, tuple[int, Sequence[Any], float]] = {}
     load = [0] * workers
     resting_until = [0.0] * workers
+    lost_at: list[float | None] = [None] * workers  # when a worker was lost, until it answers a ping
+    pinging: dict[Any, int] = {}
     while queue or in_flight:
         now = time.monotonic()
         if not clock.fits(deadline):
@@ -189,19 +200,39 @@ def fan_out(
                 batch = queue.popleft()
                 if on_skip is not None:
                     on_skip(batch)
+        for w, since in enumerate(lost_at):
+            if since is not None and w not in pinging.values() and resting_until[w] <= now:
+                if now - since > RESTART_WAIT_S:
+                    lost_at[w] = None  # submit again: its calls fail, and count, if it never returns
+                else:
+                    pinging[ping(w)] = w
         while queue:
-            ready = [w for w in range(workers) if load[w] < per_worker and resting_until[w] <= now]
+            ready = [
+                w
+                for w in range(workers)
+                if load[w] < per_worker and resting_until[w] <= now and lost_at[w] is None
+            ]
             if not ready:
                 break
             w = min(ready, key=lambda i: load[i])
             batch = queue.popleft()
             in_flight[submit(w, batch)] = (w, batch, time.monotonic())
             load[w] += 1
-        if not in_flight:
+        if not in_flight and not pinging:
             time.sleep(0.1)  # every worker is resting after a death
             continue
-        done, _ = ray.wait(list(in_flight), num_returns=1, timeout=1.0)
+        done, _ = ray.wait([*in_flight, *pinging], num_returns=1, timeout=1.0)
         for ref in done:
+            if ref in pinging:
+                w = pinging.pop(ref)
+                try:
+                    ray.get(ref)
+                    lost_at[w] = None  # restarted
+                except ActorUnavailableError:
+                    resting_until[w] = time.monotonic() + 1.0  # still restarting: ask again
+                except RayActorError:
+                    lost_at[w] = None  # gone for good: its calls fail, and count
+                continue
             w, batch, submitted = in_flight.pop(ref)
             load[w] -= 1
             try:
@@ -214,6 +245,8 @@ def fan_out(
                     type(exc).__name__,
                 )
                 resting_until[w] = time.monotonic() + 1.0
+                if ping is not None and lost_at[w] is None:
+                    lost_at[w] = time.monotonic()
                 queue.extendleft(reversed(list(on_lost(batch, exc))))
                 continue
             clock.ran(time.monotonic() - submitted)

@@ -226,6 +226,7 @@ class RayDriver:
                 deadline,
                 skip,
                 self.clock,
+                ping=lambda w: self.workers[w].info.remote(),
             )
         return [r if r is not None else not_started(item) for r, item in zip(out, items, strict=True)]
 
@@ -271,6 +272,7 @@ class RayDriver:
                 1,  # one profiled process at a time per GPU: ncu owns the device while it replays
                 done,
                 lost,
+                ping=lambda w: self.workers[w].info.remote(),
             )
         return [out[t.hash] for t in tasks]
 
