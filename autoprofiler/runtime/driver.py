@@ -201,11 +201,10 @@ def fan_out(
                 if on_skip is not None:
                     on_skip(batch)
         for w, since in enumerate(lost_at):
-            if since is not None and w not in pinging.values() and resting_until[w] <= now:
-                if now - since > RESTART_WAIT_S:
-                    lost_at[w] = None  # submit again: its calls fail, and count, if it never returns
-                else:
-                    pinging[ping(w)] = w
+            if since is not None and now - since > RESTART_WAIT_S:
+                lost_at[w] = None  # submit again: its calls fail, and count, if it never returns
+            elif since is not None and w not in pinging.values() and resting_until[w] <= now:
+                pinging[ping(w)] = w
         while queue:
             ready = [
                 w
