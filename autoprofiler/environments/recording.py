@@ -19,6 +19,7 @@ from typing import Any
 
 from autoprofiler.cells import Cell, CellFailure, RewardRow
 from autoprofiler.environments.environment import Environment, configuration_groups
+from autoprofiler.evaluation._memory import gib
 from autoprofiler.evaluation.results import CANDIDATE_CROWDED_OUT, NO_ROOM, REFERENCE_CROWDED_OUT
 from autoprofiler.rewriters.base import ActionRewriter
 from autoprofiler.runtime.driver import BatchClock
@@ -250,15 +251,11 @@ def memory_line(cell: Cell, plan: dict | None) -> str | None:
     cap = plan.get("candidate_cap_bytes")
     return (
         f"memory: {cell.task.id} action {cell.action!r}: the candidate reserved "
-        f"{_gib(plan['candidate_peak_reserved_bytes'])} GiB at most; planned "
-        f"{_gib(plan.get('candidate_bytes', 0))} GiB, headroom {_gib(plan.get('headroom_bytes', 0))} GiB, "
-        f"cap {_gib(cap) + ' GiB' if cap else 'none'}, "
+        f"{gib(plan['candidate_peak_reserved_bytes'])} GiB at most; planned "
+        f"{gib(plan.get('candidate_bytes', 0))} GiB, headroom {gib(plan.get('headroom_bytes', 0))} GiB, "
+        f"cap {gib(cap) + ' GiB' if cap else 'none'}, "
         f"{'beside others' if plan.get('beside_others') else 'alone'}"
     )
-
-
-def _gib(n: int) -> str:
-    return f"{n / 2**30:.3g}"
 
 
 def _summary(env, tasks, groups, actions, failures, t0: float, complete: bool) -> dict[str, Any]:
