@@ -153,25 +153,30 @@ _PEAK = re.compile(
 def peaks_table(logs: list[Path]) -> str:
     """What candidates reserved at most against their plan, by action, from the recording's "memory:"
     lines (evaluations that finished; beside others a candidate never exceeds its cap, so there the
-    ratios are bounded by it, alone they are not)."""
-    by: dict[tuple[str, str], list[tuple[float, float, float]]] = {}
+    ratios are bounded by it, alone they are not), and how many had a cap squeezed below plan plus
+    headroom (beside others, before the layout had to leave the whole headroom)."""
+    by: dict[tuple[str, str], list[tuple[float, float, float, float | None]]] = {}
     for log in logs:
         for line in log.open(errors="replace"):
             if m := _PEAK.search(line):
                 peak, plan, head = float(m.group(2)), float(m.group(3)), float(m.group(4))
-                by.setdefault((m.group(1), m.group(6)), []).append((peak, plan, head))
+                cap = float(m.group(5)) if m.group(5) else None
+                by.setdefault((m.group(1), m.group(6)), []).append((peak, plan, head, cap))
     if not by:
         return 'no "memory:" lines (recorded before the candidates reported their peak)'
     lines = [
-        "| action | where | cells | peak / plan, median | max | peak over plan + headroom |",
-        "|---|---|---|---|---|---|",
+        "| action | where | cells | peak / plan, median | max | peak over plan + headroom "
+        "| cap below plan + headroom |",
+        "|---|---|---|---|---|---|---|",
     ]
     for (action, where), rows in sorted(by.items()):
-        ratios = sorted(peak / plan for peak, plan, _ in rows if plan > 0)
-        over = sum(peak > plan + head for peak, plan, head in rows)
+        ratios = sorted(peak / plan for peak, plan, _, _ in rows if plan > 0)
+        over = sum(peak > plan + head for peak, plan, head, _ in rows)
+        # the log rounds to 3 significant digits: a cap within that of plan + headroom is not squeezed
+        squeezed = sum(cap is not None and cap < 0.99 * (plan + head) for _, plan, head, cap in rows)
         median = f"{statistics.median(ratios):.2f}" if ratios else ""
         top = f"{ratios[-1]:.2f}" if ratios else ""
-        lines.append(f"| {action} | {where} | {len(rows)} | {median} | {top} | {over} |")
+        lines.append(f"| {action} | {where} | {len(rows)} | {median} | {top} | {over} | {squeezed} |")
     return "\n".join(lines)
 
 

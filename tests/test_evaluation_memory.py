@@ -478,6 +478,37 @@ def test_beside_others_the_pair_reserves_its_candidates_headroom(tmp_path):
     assert crowded.pair == int(0.85 * 64 * gib) - gib
 
 
+def test_beside_others_the_layout_leaves_the_candidate_its_whole_headroom(tmp_path, monkeypatch):
+    """Beside another evaluation a budget that fits the default layout only with the candidate's
+    headroom cut short gets a leaner layout whose candidate keeps its model plus the whole headroom
+    (on an H100, candidates ran out of memory at such squeezed shares); a budget where no layout leaves
+    the headroom waits, then fails as the evaluator's error, although a squeezed plan would fit."""
+    gib = 2**30
+    path = ledger_with_another(tmp_path, gib)
+    referee, sizes = planning_referee(path), ONE_GIB_TASK
+    head = memory.headroom(sizes)
+    full = memory.needs(sizes, memory.choose(sizes, memory.Budget(99 * gib, None, 0, ""), 5, 3, 1), 5)
+    budget = memory.Budget(
+        pair=sum(full) + head - gib, process=None, free=70 * gib, source="free", total=80 * gib
+    )
+    assert memory.choose(sizes, budget, 5, 3, 1).full  # the default layout, were the headroom squeezed
+    layout, shared = referee.choose_layout(sizes, budget, (5, 3, 1))
+    need = memory.needs(sizes, layout, 5)
+    assert not layout.full and sum(need) + head <= shared.pair, (layout, need)
+    assert memory.candidate_share(need, shared.pair, head, True)[0] == need[1] + head
+
+    referee.cfg["timeout_s"] = 2.0  # waits up to 0.5 s
+    referee.phase = lambda name: None  # no parent to tell
+    referee.tools = None
+    small = memory.needs(sizes, memory.smallest(), 5)
+    tight = replace(budget, pair=sum(small) + head - gib)
+    monkeypatch.setattr(memory, "measure_budget", lambda tools, held, budget_gb: tight)
+    assert memory.choose(sizes, tight, 5, 3, 1) is not None  # fits, with the headroom squeezed
+    with pytest.raises(Failure) as failed:
+        referee.choose_layout(sizes, tight, (5, 3, 1))
+    assert failed.value.kind == "evaluator_error" and failed.value.cause == "no_room"
+
+
 def test_out_of_memory_while_sending_outputs_says_so():
     """An allocation failing while the candidate's process packs its kept outputs (as it does on a
     crowded device) reaches the reference process marked ``out_of_memory`` with the share it had, like
@@ -632,7 +663,8 @@ def test_memory_crowding_sorts_the_h100_recordings_failures():
 
 def test_memory_crowding_reads_the_recordings_memory_lines(tmp_path):
     """The "memory:" lines the recording writes (``recording.memory_line``) are what the bench reads:
-    peak over plan by action and where, and how many exceeded plan plus headroom."""
+    peak over plan by action and where, how many exceeded plan plus headroom, and how many had a cap
+    below it."""
     from conftest import load_script
 
     from autoprofiler.cells import Cell
@@ -649,11 +681,14 @@ def test_memory_crowding_reads_the_recordings_memory_lines(tmp_path):
         memory_line(
             Cell(task, rewriter="r", action="cuda_graph"), {**plan, "beside_others": True, k: 3 * 2**30}
         ),
-        memory_line(Cell(task, rewriter="r", action="cuda_graph"), {**plan, "beside_others": True, k: 2**31}),
+        memory_line(
+            Cell(task, rewriter="r", action="cuda_graph"),
+            {**plan, "beside_others": True, "candidate_cap_bytes": 2**31, k: 2**31},
+        ),
         memory_line(Cell(task, rewriter="r", action="keep"), {**plan, "candidate_cap_bytes": None, k: 2**30}),
     ]
     log = tmp_path / "recorder.log"
     log.write_text("".join(f"12:00:00 INFO autoprofiler.environments.recording:   {ln}\n" for ln in lines))
     table = crowding.peaks_table([log])
-    assert "| cuda_graph | beside others | 2 | 1.25 | 1.50 | 1 |" in table, table
-    assert "| keep | alone | 1 | 0.50 | 0.50 | 0 |" in table, table
+    assert "| cuda_graph | beside others | 2 | 1.25 | 1.50 | 1 | 1 |" in table, table
+    assert "| keep | alone | 1 | 0.50 | 0.50 | 0 | 0 |" in table, table

@@ -271,6 +271,17 @@ def headroom(s: Sizes) -> int:
     return s.inputs + max(s.peak, s.outputs)
 
 
+def roomy(budget: Budget, head: int) -> Budget:
+    """``budget`` less the candidate's headroom ``head``: a layout chosen in it leaves the candidate,
+    beside other evaluations, its model plus the whole headroom (``candidate_share`` then caps it there
+    instead of at whatever the budget has left).
+
+    >>> roomy(Budget(pair=10 * GIB, process=None, free=0, source="s"), 3 * GIB).pair // GIB
+    7
+    """
+    return replace(budget, pair=max(0, budget.pair - head))
+
+
 def candidate_share(need: tuple[int, int], pair: int, head: int, crowded: bool) -> tuple[int, int]:
     """(the candidate process's cap, the bytes the pair reserves in the ledger) for a plan that needs
     ``need`` in a budget of ``pair``. Alone on the device the candidate may take all of the budget that

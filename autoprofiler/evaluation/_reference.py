@@ -491,6 +491,9 @@ class Referee:
         candidate is not at fault; nothing is recorded, and a resumed run evaluates it again).
         A task that does not fit the memory free now, while other evaluations in the ledger hold part of
         it, but fits the device alone waits the same way: its size is not its fault either.
+        Beside others the layout must leave the candidate its model plus its headroom
+        (``_memory.roomy``): a share squeezed to what was left is where ``cuda_graph`` and
+        ``channels_last`` candidates ran out of memory, and such a failure is only retried.
         Returns the layout (``None``: too large even alone) and the budget it was chosen in."""
         path = self.cfg.get("memory_ledger")
         alone = _memory.choose(sizes, budget, *counts)
@@ -503,10 +506,11 @@ class Referee:
             with _ledger.Ledger(path) as book:
                 others = book.count()
                 shared = _memory.beside(budget, book.others(), others, held)
-                layout = _memory.choose(sizes, shared, *counts)
+                head = _memory.headroom(sizes)
+                layout = _memory.choose(sizes, _memory.roomy(shared, head) if others else shared, *counts)
                 if layout is not None:  # its model and the candidate's headroom (``candidate_share``)
                     need = _memory.needs(sizes, layout, counts[0])
-                    book.reserve(_memory.candidate_share(need, shared.pair, _memory.headroom(sizes), True)[1])
+                    book.reserve(_memory.candidate_share(need, shared.pair, head, True)[1])
             if layout is not None:
                 if others:  # what the candidate's share would be with nothing else on the device
                     whole = _memory.alone(budget, self.cfg.get("memory_budget_gb"))
