@@ -45,6 +45,9 @@ class Failure:
     processes: int  # processes on the device, this one included
     small: int  # of them, holding 0.5-0.8 GiB: about a CUDA context and nothing else
     device_used: float  # GiB, the processes' use together
+    # the candidate's share below its plan + headroom (the line's "(its plan ..., headroom ...)");
+    # None where the line does not say (logged before the evaluator wrote the plan into it)
+    squeezed: bool | None = None
 
 
 def _gib(match: re.Match | None, group: int = 1) -> float | None:
@@ -74,6 +77,11 @@ def parse_line(line: str) -> Failure | None:
         verdict = "over its share"
     else:
         verdict = "unknown"
+    share = re.search(r"at its share of ([\d.e+-]+) GiB", line)
+    plan = re.search(r"\(its plan ([\d.e+-]+) GiB, headroom ([\d.e+-]+) GiB\)", line)
+    squeezed = None
+    if share and plan:  # the log rounds to 3 significant digits
+        squeezed = float(share.group(1)) < 0.99 * (float(plan.group(1)) + float(plan.group(2)))
     return Failure(
         process=process,
         action=action.group(1) if action else "?",
@@ -85,6 +93,7 @@ def parse_line(line: str) -> Failure | None:
         processes=len(others) + (in_use is not None),
         small=sum(0.5 <= g <= 0.8 for g in others),
         device_used=sum(others) + (in_use or 0.0),
+        squeezed=squeezed,
     )
 
 
@@ -207,6 +216,11 @@ def summary(failures: list[Failure]) -> str:
             f"failures: {len(failures)}; " + ", ".join(f"{p} {v}: {n}" for (p, v), n in sorted(by.items())),
             "over its share, by action: " + ", ".join(f"{a} {n}" for a, n in over.most_common()),
             "device full, by action: " + ", ".join(f"{a} {n}" for a, n in full.most_common()),
+            "candidate's share below its plan + headroom: "
+            + ", ".join(
+                f"{label} {sum(f.squeezed is value for f in failures if f.process == 'candidate')}"
+                for label, value in (("yes", True), ("no", False), ("not logged", None))
+            ),
         ]
     )
 

@@ -373,9 +373,10 @@ def test_out_of_memory_at_a_share_shrunk_beside_others_is_the_evaluators_error(
     beside, out_of_memory, kind, expected
 ):
     """The candidate's process running out of memory at a share that other evaluations' reservations
-    shrank (21 GiB, 60 GiB alone) is the evaluator's error, so nothing is recorded; alone, or for any
-    other failure, the candidate's outcome stands."""
+    shrank (21 GiB, 60 GiB alone) is the evaluator's error, so nothing is recorded, and says the plan and
+    headroom the share came from; alone, or for any other failure, the candidate's outcome stands."""
     referee = object.__new__(role_module("reference").Referee)  # only the fields candidate_failure reads
+    referee.details = {"memory_plan": {"candidate_bytes": 14 * 2**30, "headroom_bytes": 7 * 2**30}}
     referee.built, referee.beside, referee.cfg = True, beside, {}  # no ledger: nothing beside it now
     referee.candidate_memory = {"cap_bytes": 21 * 2**30}
     failed = {"op": "failed", "kind": kind, "error": "timing: out of memory", "out_of_memory": out_of_memory}
@@ -386,6 +387,7 @@ def test_out_of_memory_at_a_share_shrunk_beside_others_is_the_evaluators_error(
     )
     if expected == "evaluator_error":
         assert "share of 21 GiB" in failure.message and "shrunk from 60 GiB alone" in failure.message
+        assert "(its plan 14 GiB, headroom 7 GiB)" in failure.message  # was the cap squeezed? a log tells
 
 
 def ledger_with_another(tmp_path, held: int | None) -> str:
@@ -406,6 +408,7 @@ def test_out_of_memory_beside_evaluations_started_after_the_plan_is_the_evaluato
     before or after the build, are the evaluator's error (evaluated again, last alone); alone they stay
     the candidate's runtime_error and the reference's report."""
     referee = object.__new__(role_module("reference").Referee)
+    referee.details = {}  # no memory plan recorded
     referee.built, referee.beside, referee.phase_name, referee.details = built, None, "timing", {}
     referee.candidate_memory = {"cap_bytes": 13 * 2**30}
     failed = {"op": "failed", "kind": "runtime_error", "error": "timing: OOM", "out_of_memory": True}
@@ -431,6 +434,7 @@ ONE_GIB_TASK = memory.Sizes(
 def planning_referee(ledger: str):
     """A reference process's ``Referee`` with only the fields its memory plan reads, on ``ledger``."""
     referee = object.__new__(role_module("reference").Referee)
+    referee.details = {}  # no memory plan recorded
     referee.cfg = {"memory_ledger": ledger, "timeout_s": 60.0}
     referee.beside, referee.phase_name, referee.built = None, "planning", True
     return referee
@@ -549,6 +553,7 @@ def test_too_large_for_the_memory_others_hold_waits_and_is_the_evaluators_error(
     gib = 2**30
     path = ledger_with_another(tmp_path, gib if other_evaluation else None)
     referee = object.__new__(role_module("reference").Referee)
+    referee.details = {}  # no memory plan recorded
     referee.cfg = {"memory_ledger": path, "timeout_s": 2.0}  # waits up to 0.5 s
     referee.beside, referee.phase_name, referee.built, referee.tools = None, "planning", True, None
     referee.phase = lambda name: None  # no parent to tell
@@ -587,6 +592,7 @@ def test_candidate_killed_by_an_allocation_at_a_crowded_share_is_the_evaluators_
     from autoprofiler.evaluation.evaluator import candidate_died
 
     referee = object.__new__(role_module("reference").Referee)  # only the fields failed() reads
+    referee.details = {}  # no memory plan recorded
     referee.built, referee.beside, referee.cfg = True, beside, {}  # no ledger: nothing beside it now
     referee.candidate_memory = {"cap_bytes": 21 * 2**30}
     died = Failure("crashed", "the candidate's process died during correctness trial 0", compiled=True)
@@ -609,6 +615,7 @@ def test_reference_out_of_memory_before_the_build_beside_others_is_the_evaluator
     again, last alone); alone the task is too large for the device (the task's runtime_error)."""
     path = ledger_with_another(tmp_path, 2**30 if other_evaluation else None)
     referee = object.__new__(role_module("reference").Referee)  # only the fields out_of_memory reads
+    referee.details = {}  # no memory plan recorded
     referee.cfg = {"memory_ledger": path}
     referee.built, referee.phase_name, referee.details = False, "running the reference", {}
     result = referee.out_of_memory(MemoryError("CUDA out of memory. Tried to allocate 1.50 GiB"))
@@ -650,6 +657,12 @@ def test_memory_crowding_sorts_the_h100_recordings_failures():
     }
     assert not any(f.action == "keep" and f.verdict == "over its share" for f in failures)
     assert crowding.parse_line("12:00:00 INFO recorded tasks 1-16 of 431") is None
+    assert {f.squeezed for f in failures} == {None}  # logged before the lines said the plan
+    line = (
+        "the evaluator failed: t action 'cuda_graph', ...: the candidate's process ran out of memory at its "
+        "share of {} GiB, which 2 other evaluations ... again (its plan 6 GiB, headroom 3 GiB): ..."
+    )
+    assert [crowding.parse_line(line.format(cap)).squeezed for cap in ("8.36", "9")] == [True, False]
     assert crowding.main([str(root / "no-such.log")]) == 2
     # the passes of the 2026-12-07f calls: first-pass cells and the evaluator's failures in them
     passes = [crowding.passes(log) for log in logs]

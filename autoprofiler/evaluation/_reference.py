@@ -204,14 +204,19 @@ class Referee:
         smaller than alone because of the other evaluations when it was planned
         (``_memory.crowded_out``), or other evaluations are on the device now (``_memory.beside_now``:
         started after the plan, they may have filled the device while the candidate was within its
-        share). Either way the cell is evaluated again, last alone, where the failure is its own."""
+        share). Either way the cell is evaluated again, last alone, where the failure is its own. The
+        text ends with the candidate's plan and headroom, so a log tells a squeezed cap from a full one."""
         cap = self.candidate_memory.get("cap_bytes")
+        why = None
         if self.beside is not None:
             others, alone_cap = self.beside
-            shrunk = _memory.crowded_out(cap, alone_cap, others)
-            if shrunk:
-                return shrunk
-        return _memory.beside_now(cap, self.others_on_the_device())
+            why = _memory.crowded_out(cap, alone_cap, others)
+        why = why or _memory.beside_now(cap, self.others_on_the_device())
+        plan = self.details.get("memory_plan", {})
+        if why and "candidate_bytes" in plan and "headroom_bytes" in plan:
+            model, head = _memory.gib(plan["candidate_bytes"]), _memory.gib(plan["headroom_bytes"])
+            why += f" (its plan {model} GiB, headroom {head} GiB)"
+        return why
 
     def protocol_error(self, what: str) -> Failure:
         return Failure("suspicious", f"the candidate's process broke the evaluation protocol: {what}")
