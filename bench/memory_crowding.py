@@ -163,7 +163,8 @@ def peaks_table(logs: list[Path]) -> str:
     """What candidates reserved at most against their plan, by action, from the recording's "memory:"
     lines (evaluations that finished; beside others a candidate never exceeds its cap, so there the
     ratios are bounded by it, alone they are not), and how many had a cap squeezed below plan plus
-    headroom (beside others, before the layout had to leave the whole headroom)."""
+    headroom: beside others, the budget's leftover (before a layout had to leave the whole headroom);
+    alone, a budget that small itself."""
     by: dict[tuple[str, str], list[tuple[float, float, float, float | None]]] = {}
     for log in logs:
         for line in log.open(errors="replace"):
