@@ -54,6 +54,12 @@ def _gib(match: re.Match | None, group: int = 1) -> float | None:
     return None if match is None else float(match.group(group)) * _UNITS[match.group(group + 1)] / 2**30
 
 
+def _squeezed(cap: float, plan: float, head: float) -> bool:
+    """Whether a cap (GiB, as logged) was below the plan plus headroom it was meant to be: the log
+    rounds each to 3 significant digits, so a cap within 1% of the sum is not squeezed."""
+    return cap < 0.99 * (plan + head)
+
+
 def parse_line(line: str) -> Failure | None:
     """The failure one log line describes, ``None`` for any other line."""
     if "the evaluator failed:" not in line:
@@ -80,8 +86,8 @@ def parse_line(line: str) -> Failure | None:
     share = re.search(r"at its share of ([\d.e+-]+) GiB", line)
     plan = re.search(r"\(its plan ([\d.e+-]+) GiB, headroom ([\d.e+-]+) GiB\)", line)
     squeezed = None
-    if share and plan:  # the log rounds to 3 significant digits
-        squeezed = float(share.group(1)) < 0.99 * (float(plan.group(1)) + float(plan.group(2)))
+    if share and plan:
+        squeezed = _squeezed(float(share.group(1)), float(plan.group(1)), float(plan.group(2)))
     return Failure(
         process=process,
         action=action.group(1) if action else "?",
@@ -182,8 +188,7 @@ def peaks_table(logs: list[Path]) -> str:
     for (action, where), rows in sorted(by.items()):
         ratios = sorted(peak / plan for peak, plan, _, _ in rows if plan > 0)
         over = sum(peak > plan + head for peak, plan, head, _ in rows)
-        # the log rounds to 3 significant digits: a cap within that of plan + headroom is not squeezed
-        squeezed = sum(cap is not None and cap < 0.99 * (plan + head) for _, plan, head, cap in rows)
+        squeezed = sum(cap is not None and _squeezed(cap, plan, head) for _, plan, head, cap in rows)
         median = f"{statistics.median(ratios):.2f}" if ratios else ""
         top = f"{ratios[-1]:.2f}" if ratios else ""
         lines.append(f"| {action} | {where} | {len(rows)} | {median} | {top} | {over} | {squeezed} |")

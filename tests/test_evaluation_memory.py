@@ -408,7 +408,6 @@ def test_out_of_memory_beside_evaluations_started_after_the_plan_is_the_evaluato
     before or after the build, are the evaluator's error (evaluated again, last alone); alone they stay
     the candidate's runtime_error and the reference's report."""
     referee = object.__new__(role_module("reference").Referee)
-    referee.details = {}  # no memory plan recorded
     referee.built, referee.beside, referee.phase_name, referee.details = built, None, "timing", {}
     referee.candidate_memory = {"cap_bytes": 13 * 2**30}
     failed = {"op": "failed", "kind": "runtime_error", "error": "timing: OOM", "out_of_memory": True}
@@ -615,7 +614,6 @@ def test_reference_out_of_memory_before_the_build_beside_others_is_the_evaluator
     again, last alone); alone the task is too large for the device (the task's runtime_error)."""
     path = ledger_with_another(tmp_path, 2**30 if other_evaluation else None)
     referee = object.__new__(role_module("reference").Referee)  # only the fields out_of_memory reads
-    referee.details = {}  # no memory plan recorded
     referee.cfg = {"memory_ledger": path}
     referee.built, referee.phase_name, referee.details = False, "running the reference", {}
     result = referee.out_of_memory(MemoryError("CUDA out of memory. Tried to allocate 1.50 GiB"))

@@ -507,11 +507,11 @@ class Referee:
         wait_s = LEDGER_WAIT * float(self.cfg.get("timeout_s", 300.0))
         give_up = time.monotonic() + wait_s
         previous, held = self.phase_name, sizes.model + sizes.inputs + sizes.outputs
+        head = _memory.headroom(sizes)
         while True:
             with _ledger.Ledger(path) as book:
                 others = book.count()
                 shared = _memory.beside(budget, book.others(), others, held)
-                head = _memory.headroom(sizes)
                 layout = _memory.choose(sizes, _memory.roomy(shared, head) if others else shared, *counts)
                 if layout is not None:  # its model and the candidate's headroom (``candidate_share``)
                     need = _memory.needs(sizes, layout, counts[0])
