@@ -160,7 +160,7 @@ def main(argv=None) -> int:
     cells = plan_cells(list(by_id), actions, reach)
     wanted = {(by_id[i].hash, a) for needed, ids in cells.items() for i in ids for a in needed}
     started = time.monotonic()
-    summary = {"evaluations": 0, "failures": [], "complete": True}
+    summary = {"evaluations": 0, "failures": [], "not_started": 0, "complete": True}
     try:
         for needed, ids in cells.items():  # one record() per set of needed actions, within one budget
             left = None if args.max_seconds is None else args.max_seconds - (time.monotonic() - started)
@@ -169,7 +169,12 @@ def main(argv=None) -> int:
                 break
             part = record([by_id[i] for i in ids], env, [], {}, actions=list(needed), max_seconds=left)
             failures = summary["failures"] + part["failures"]
-            summary = {**part, "failures": failures, "complete": summary["complete"] and part["complete"]}
+            summary = {
+                **part,
+                "failures": failures,
+                "not_started": summary["not_started"] + part["not_started"],
+                "complete": summary["complete"] and part["complete"],
+            }
         summary["provenance"] = env.runner_provenance().as_row()
     finally:
         env.close()

@@ -568,7 +568,8 @@ class SlowEvaluator(ScriptedEvaluator):
 
 def test_record_starts_no_evaluation_that_would_end_past_the_budget(tmp_path):
     """Evaluations of 0.5 s in a 1.25 s budget: none ends past the budget (the third would start inside
-    it and end past it), and what did not start is left for a resumed run, which evaluates only that.
+    it and end past it), and what did not start is left for a resumed run (counted as ``not_started``,
+    not as failures), which evaluates only that.
     The profiles are recorded first, so the budget is the evaluations' alone, however long profiling
     takes on the machine."""
     groups = list(fx.RECORDED_GROUPS)
@@ -580,6 +581,8 @@ def test_record_starts_no_evaluation_that_would_end_past_the_budget(tmp_path):
     assert ev.ended and not summary["complete"]
     assert max(ev.ended) - t0 <= 1.25 + 0.1, [round(t - t0, 2) for t in ev.ended]
     assert summary["evaluations"] == len(ev.ended)  # the cells not started are not counted
+    left = 2 * len(RuleRewriter.actions()) - len(ev.ended)
+    assert summary["not_started"] == left > 0 and summary["failures"] == []  # left for --resume, not failed
     env.close()
     again = SlowEvaluator(0.0)
     resumed = LiveEnvironment(BatchProfiler(), RuleRewriter(), again, tmp_path)

@@ -284,6 +284,11 @@ def summarise_actions(out: Path) -> None:
         )
 
 
+def _left_for_resume(not_started: int) -> str:
+    """``, 23 action cells left for --resume``: what the time budget stopped before it began."""
+    return f", {not_started} action cells left for --resume (the time budget)" if not_started else ""
+
+
 # --- the story ----------------------------------------------------------------------------------------
 def main(argv: list[str]) -> int:
     configure_logging()
@@ -312,7 +317,8 @@ def main(argv: list[str]) -> int:
         print(
             f"recorded in {summary['seconds']:.0f} s: {summary['profile_rows']} profile rows, "
             f"{summary['reward_rows']} reward rows ({summary['evaluations']} new evaluations), "
-            f"{len(summary['failures'])} failures (all counts: {summary_path})",
+            f"{len(summary['failures'])} failures{_left_for_resume(summary['not_started'])} "
+            f"(all counts: {summary_path})",
             flush=True,
         )
         for failure in summary["failures"]:

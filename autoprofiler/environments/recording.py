@@ -73,7 +73,8 @@ def record(
     a subset of the rule actions, left it out). Cells the evaluator failed (``evaluator_error``, not the
     candidate's fault) are evaluated again before the chunk ends: together, then one at a time.
 
-    Returns a summary: counts, failures ``[{"task_id", "stage", "error"}]``, seconds, complete.
+    Returns a summary: counts, failures ``[{"task_id", "stage", "error"}]``, ``not_started`` (action
+    cells the budget left for a resumed run), seconds, complete.
     """
     budget = _Budget(None if max_seconds is None else time.monotonic() + max_seconds)
     if chunk:
@@ -133,10 +134,12 @@ def _record_part(
     go_on = complete and not budget.out_of_time()  # a chunk whose profiles stopped: its actions wait too
     results = env.try_outcomes(cells, budget.deadline) if cells and go_on else []
     results = _retry_evaluator_errors(env, cells, results, budget)
-    complete = complete and len(results) == len(cells)
+    not_started = len(cells) - len(results)  # cells the budget stopped before they began
     for cell, result in zip(cells, results, strict=False):
-        if isinstance(result, CellFailure):
-            complete = complete and result.kind not in ("not_started", "evaluator_error")  # resume retries
+        if isinstance(result, CellFailure) and result.kind == "not_started":
+            not_started += 1  # not a failure: a resumed run evaluates it
+        elif isinstance(result, CellFailure):
+            complete = complete and result.kind != "evaluator_error"  # resume retries
             failures.append(
                 {"task_id": cell.task.id, "stage": f"action:{cell.action}", "error": result.message[:500]}
             )
@@ -164,7 +167,8 @@ def _record_part(
             )
     env.flush()
     actions_done = list(dict.fromkeys(c.action for c in cells))
-    return _summary(env, tasks, groups, actions_done, failures, t0, complete and not budget.out_of_time())
+    complete = complete and not not_started and not budget.out_of_time()
+    return _summary(env, tasks, groups, actions_done, failures, not_started, t0, complete)
 
 
 # a short name for each ``CellFailure.cause`` (``EVALUATOR_CAUSES``), tallied in the log so that a
@@ -222,7 +226,7 @@ def _record_in_chunks(
     """``record`` over ``chunk`` tasks at a time within one budget; one summary for all."""
     t0 = time.monotonic()
     failures: list[dict[str, str]] = []
-    complete, done_actions = True, []
+    complete, done_actions, not_started = True, [], 0
     for i in range(0, len(tasks), chunk):
         if budget.out_of_time() or not budget.fits_a_batch():  # the chunk's first batch would not end in time
             complete = False
@@ -236,9 +240,10 @@ def _record_in_chunks(
         else:
             logger.info("tasks %d-%d of %d: not all recorded (failures or the time budget)", *span)
         failures += part["failures"]
+        not_started += part["not_started"]
         complete = complete and part["complete"]
         done_actions = list(dict.fromkeys(done_actions + part["actions"]))
-    return _summary(env, tasks, groups, done_actions, failures, t0, complete)
+    return _summary(env, tasks, groups, done_actions, failures, not_started, t0, complete)
 
 
 def memory_line(cell: Cell, plan: dict | None) -> str | None:
@@ -258,8 +263,10 @@ def memory_line(cell: Cell, plan: dict | None) -> str | None:
     )
 
 
-def _summary(env, tasks, groups, actions, failures, t0: float, complete: bool) -> dict[str, Any]:
-    """``record``'s summary: counts from the environment's tables, the failures, the time since ``t0``."""
+def _summary(env, tasks, groups, actions, failures, not_started: int, t0: float, complete: bool) -> dict:
+    """``record``'s summary: counts from the environment's tables, the failures, the action cells the
+    time budget stopped before they began (``not_started``: left for ``--resume``, not failures), the
+    time since ``t0``."""
     rows = env.rewards.rows()
     return {
         "tasks": len(tasks),
@@ -269,6 +276,7 @@ def _summary(env, tasks, groups, actions, failures, t0: float, complete: bool) -
         "reward_rows": len(rows),
         "evaluations": env.stats.evaluations,
         "failures": failures,
+        "not_started": not_started,
         "seconds": round(time.monotonic() - t0, 2),
         "complete": complete,
         "status": dict(Counter(str(r.error_kind) for r in rows)),
