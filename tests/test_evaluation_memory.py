@@ -598,11 +598,37 @@ def test_candidate_killed_by_an_allocation_at_a_crowded_share_is_the_evaluators_
     died.candidate_died = True
     raw = referee.failed(died)
     assert raw["candidate_died"] and ("crowded" in raw) == (beside == (5, 60 * 2**30))
-    candidate_died(raw, "exit code 1", tail)
+    candidate_died(raw, "exit code 1", tail, out_of_memory=tail != "Segmentation fault")
     assert raw["error_kind"] == expected and tail in raw["error"]
     assert raw.get("cause") == ("candidate_crowded_out" if expected == "evaluator_error" else None)
     if expected == "evaluator_error":
         assert raw["error"].startswith("the candidate's process ran out of memory at its share of 21 GiB")
+
+
+def test_an_out_of_memory_error_is_found_before_the_tail_the_error_shows(tmp_path):
+    """CUDA's out-of-memory message lists every process on the device after its first line: with tens of
+    processes (22 on the H200, 2026-12-07) its head lies about 1,500 characters before the log's end, so
+    the tail shown in the error lacks it. The candidate's death is still found to be an allocation's,
+    and at a crowded share it is the evaluator's error (it was once recorded as the candidate's crash)."""
+    from autoprofiler.evaluation.evaluator import _OUT_OF_MEMORY, candidate_died
+    from autoprofiler.evaluation.workers import Worker
+
+    listing = " ".join(f"Process {2000 + i} has 720.00 MiB memory in use." for i in range(30))
+    message = (
+        "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity "
+        f"of 139.80 GiB of which 59.88 GiB is free. {listing} 12.52 GiB allowed; Of the allocated memory "
+        "12.30 GiB is allocated by PyTorch, and 2.00 MiB is reserved by PyTorch but unallocated."
+    )
+    worker = object.__new__(Worker)  # only the log files are read
+    worker.tmp = tmp_path
+    (tmp_path / "stderr.log").write_text("Traceback (most recent call last):\n" + message + "\n")
+    tail = worker.log_tail()
+    assert "CUDA out of memory" not in tail and "allowed" in tail  # the head is cut off what is shown
+    assert worker.log_mentions(_OUT_OF_MEMORY) and not worker.log_mentions(("Segmentation fault",))
+    raw = {"error": "the candidate's process died during correctness trial 0", "error_kind": "crashed"}
+    raw["crowded"] = "the candidate's process ran out of memory at its share of 12.5 GiB"
+    candidate_died(raw, "exit code 1", tail, worker.log_mentions(_OUT_OF_MEMORY))
+    assert raw["error_kind"] == "evaluator_error" and raw["cause"] == "candidate_crowded_out"
 
 
 @pytest.mark.parametrize("other_evaluation", [True, False])

@@ -69,15 +69,15 @@ _SPAWN_FIELDS = ("device", "task_size", "memory_limit_gb")
 _OUT_OF_MEMORY = ("CUDA out of memory", "OutOfMemoryError", "MemoryError", "can't allocate memory")
 
 
-def candidate_died(raw: dict, exit_reason: str, log_tail: str) -> None:
+def candidate_died(raw: dict, exit_reason: str, log_tail: str, out_of_memory: bool) -> None:
     """Complete the reference process's result ``raw`` for a candidate whose process died: the error
-    gets how it ended and its log's tail; a death by a failed allocation (the tail ends in an
-    out-of-memory error) at a share other evaluations had shrunk (``raw["crowded"]``) is the evaluator's
-    error, like a caught one, so nothing is recorded and the cell is evaluated again, last alone. The
-    tail is the candidate's to write: the most a forged one gets is that later evaluation.
+    gets how it ended and its log's tail; a death by a failed allocation (``out_of_memory``: its log
+    holds an out-of-memory error) at a share other evaluations had shrunk (``raw["crowded"]``) is the
+    evaluator's error, like a caught one, so nothing is recorded and the cell is evaluated again, last
+    alone. The log is the candidate's to write: the most a forged one gets is that later evaluation.
     """
     raw["error"] = f"{raw.get('error')} ({exit_reason}; {log_tail})"
-    if raw.get("crowded") and any(text in log_tail for text in _OUT_OF_MEMORY):
+    if raw.get("crowded") and out_of_memory:
         raw["error_kind"], raw["error"] = "evaluator_error", f"{raw['crowded']}: {raw['error']}"
         raw["cause"] = CANDIDATE_CROWDED_OUT
 
@@ -287,7 +287,8 @@ class Evaluator:
             raw, kind, reason = pair.run(ref_job, cand_job, cfg.timeout_s)
             if raw is not None and raw.get("candidate_died"):
                 pair.cand.kill()
-                candidate_died(raw, pair.cand.exit_reason(), pair.cand.log_tail())
+                oom = pair.cand.log_mentions(_OUT_OF_MEMORY)
+                candidate_died(raw, pair.cand.exit_reason(), pair.cand.log_tail(), oom)
             pids = {"pid": pair.cand.pid, "reference_pid": pair.ref.pid}
             workers = {"candidate_worker": pair.cand.info, "reference_worker": pair.ref.info}
         finally:

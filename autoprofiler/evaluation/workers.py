@@ -330,6 +330,19 @@ class Worker:
                 return f"killed by signal {-code}"
         return f"exit code {code}"
 
+    def log_mentions(self, texts: tuple[str, ...], limit: int = 1 << 16) -> bool:
+        """Whether the last ``limit`` bytes of the process's stderr or stdout hold one of ``texts``. An
+        error's head can lie far before the tail ``log_tail`` shows: CUDA's out-of-memory message lists
+        every process on the device after its first line, often more than 1,500 characters."""
+        for name in ("stderr.log", "stdout.log"):
+            try:
+                text = (self.tmp / name).read_bytes()[-limit:].decode("utf-8", "replace")
+            except OSError:
+                continue
+            if any(t in text for t in texts):
+                return True
+        return False
+
     def log_tail(self, limit: int = 1500) -> str:
         parts = []
         for name in ("stderr.log", "stdout.log"):
