@@ -2,8 +2,8 @@
 them again (rows are keyed: a missing key is evaluated, a present one is skipped).
 
 A row goes when its error contains ``--error-contains`` (and, with ``--action`` or ``--error-kind``,
-it is that action's row or of that kind). Every part file of the table is rewritten without them; a part left empty is removed. Prints what
-went, per run and action. ``--dry-run`` only prints.
+it is that action's row or of that kind). Every part file of the table is rewritten without them; a
+part left empty is removed. Prints what went, per run and action. ``--dry-run`` only prints.
 
     python bench/drop_reward_rows.py datasets/recorded/h200/rewards \\
         --error-contains "child process" --action torch_compile
