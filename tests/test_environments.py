@@ -520,7 +520,7 @@ def test_record_starts_no_batch_that_would_end_past_the_budget(tmp_path, caplog)
         summary = record(TASKS[:4], env, groups, chunk=2, max_seconds=1.6)
     assert len(prof.batches) == 1 and not summary["complete"]
     assert summary["profile_rows"] == 2 and summary["evaluations"] == 0
-    assert "tasks 1-2 of 4: not all recorded" in caplog.text
+    assert "tasks 1-2 of 4: not all recorded (10 action cells not started)" in caplog.text, caplog.text
     assert "recorded tasks" not in caplog.text and "3-4" not in caplog.text
 
 

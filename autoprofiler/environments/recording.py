@@ -238,7 +238,10 @@ def _record_in_chunks(
         if part["complete"]:
             logger.info("recorded tasks %d-%d of %d", *span)
         else:
-            logger.info("tasks %d-%d of %d: not all recorded (failures or the time budget)", *span)
+            why = [f"{len(part['failures'])} failures"] if part["failures"] else []
+            why += [f"{part['not_started']} action cells not started"] if part["not_started"] else []
+            why = why or ["the time budget"]
+            logger.info("tasks %d-%d of %d: not all recorded (%s)", *span, "; ".join(why))
         failures += part["failures"]
         not_started += part["not_started"]
         complete = complete and part["complete"]
