@@ -285,8 +285,8 @@ def summarise_actions(out: Path) -> None:
 
 
 def _left_for_resume(not_started: int) -> str:
-    """``, 23 action cells left for --resume``: what the time budget stopped before it began."""
-    return f", {not_started} action cells left for --resume (the time budget)" if not_started else ""
+    """``, 23 action cells the time budget left for --resume``: what it stopped before it began."""
+    return f", {not_started} action cells the time budget left for --resume" if not_started else ""
 
 
 # --- the story ----------------------------------------------------------------------------------------
