@@ -176,3 +176,34 @@ def test_unpacking_a_compacted_call_replaces_the_tables_it_holds(tmp_path):
         and "holds no recording table" in bad.stderr
         and not (tmp_path / "elsewhere").exists()
     )
+
+
+def test_drop_reward_rows_drops_only_the_rows_of_the_given_kind(tmp_path):
+    """``bench/drop_reward_rows.py --error-kind crashed``: of three rows whose error holds the text, only
+    the ``crashed`` one goes (a caught ``runtime_error`` with the same text and a clean row stay); a part
+    left empty is removed; ``--dry-run`` changes nothing."""
+    oom = "12.52 GiB allowed; Of the allocated memory 12.30 GiB is allocated by PyTorch"
+    rows = {
+        "key": ["k1", "k2", "k3", "k4"],
+        "action": ["cuda_graph", "cuda_graph", "keep", "tf32"],
+        "error_kind": ["crashed", "runtime_error", None, "crashed"],
+        "error": [f"died (exit code 1; {oom})", f"timing: {oom}", None, f"died ({oom})"],
+        "run_id": ["r1", "r1", "r1", "r2"],
+    }
+    table = pa.table(rows)
+    (tmp_path / "run=r1").mkdir()
+    (tmp_path / "run=r2").mkdir()
+    pq.write_table(table.slice(0, 3), tmp_path / "run=r1" / "part-0.parquet")
+    pq.write_table(table.slice(3, 1), tmp_path / "run=r2" / "part-0.parquet")
+    script = [sys.executable, str(ROOT / "bench" / "drop_reward_rows.py"), str(tmp_path)]
+    flags = ["--error-contains", "allowed; Of the allocated", "--error-kind", "crashed"]
+
+    dry = subprocess.run([*script, *flags, "--dry-run"], capture_output=True, text=True, timeout=60)
+    assert dry.returncode == 0 and "2 dropped, 2 kept" in dry.stdout, dry.stdout + dry.stderr
+    assert len(part_files(tmp_path)) == 2
+    done = subprocess.run([*script, *flags], capture_output=True, text=True, timeout=60)
+
+    assert done.returncode == 0 and "r1  cuda_graph: 1 row(s) dropped" in done.stdout, done.stdout
+    left = pq.read_table(tmp_path / "run=r1" / "part-0.parquet")
+    assert left["key"].to_pylist() == ["k2", "k3"]
+    assert not (tmp_path / "run=r2" / "part-0.parquet").exists()  # its one row went
