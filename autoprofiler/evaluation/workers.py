@@ -61,6 +61,17 @@ PASSTHROUGH_ENV = (
 PASSTHROUGH_PREFIXES = ("CUDA_", "NCCL_", "NVSHMEM_", "NVIDIA_", "TORCH_CUDA_", "TORCH_SYMM_MEM_", "PYTORCH_")
 
 
+_LOGS = ("stderr.log", "stdout.log")  # a worker's output files, in the order its log tail shows them
+
+
+def file_tail(path: Path, limit: int) -> str:
+    """The last ``limit`` bytes of ``path``, decoded (bad bytes replaced); ``""`` where it cannot be read."""
+    try:
+        return path.read_bytes()[-limit:].decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
 class ForkServer:
     """A zygote process that imported torch once and forks a fresh worker per request (``_harness``).
 
@@ -157,10 +168,7 @@ class ForkServer:
                 self._exits.pop(pid, None)
 
     def log_tail(self, limit: int = 800) -> str:
-        try:
-            return (self.tmp / "zygote.log").read_bytes()[-limit:].decode("utf-8", "replace").strip()
-        except OSError:
-            return ""
+        return file_tail(self.tmp / "zygote.log", limit).strip()
 
     def close(self) -> None:
         try:  # shutdown (not only close) wakes the reader thread and gives the zygote EOF: it exits
@@ -334,23 +342,12 @@ class Worker:
         """Whether the last ``limit`` bytes of the process's stderr or stdout hold one of ``texts``. An
         error's head can lie far before the tail ``log_tail`` shows: CUDA's out-of-memory message lists
         every process on the device after its first line, often more than 1,500 characters."""
-        for name in ("stderr.log", "stdout.log"):
-            try:
-                text = (self.tmp / name).read_bytes()[-limit:].decode("utf-8", "replace")
-            except OSError:
-                continue
-            if any(t in text for t in texts):
-                return True
-        return False
+        return any(t in file_tail(self.tmp / name, limit) for name in _LOGS for t in texts)
 
     def log_tail(self, limit: int = 1500) -> str:
         parts = []
-        for name in ("stderr.log", "stdout.log"):
-            try:
-                text = (self.tmp / name).read_bytes()[-limit:].decode("utf-8", "replace").strip()
-            except OSError:
-                text = ""
-            if text:
+        for name in _LOGS:
+            if text := file_tail(self.tmp / name, limit).strip():
                 parts.append(f"[{name}] {text}")
         text = "output tail: " + (" ".join(parts) or "(no output)")
         return text[-limit:]
