@@ -2,7 +2,8 @@
 # Next H200 session (prepared 2026-12-02, not yet run): finish datasets/h200_suite and the live optimize.
 #   OUT=/tmp/out bash bench/h200_session_d.sh range      # the many-kernel range-replay GPU test, alone
 #     (RANGE_TESTS=range_replay runs all ten; the nine per-group ones passed on the H200 on 2026-12-03 and
-#     2026-12-07 in about 280 s, and the many-kernel one has not yet finished inside 160 s)
+#     2026-12-07 in about 280 s; the many-kernel one passed there in 264 s on 2026-12-03 and limits of
+#     160-330 s have stopped it since)
 #   OUT=/tmp/out bash bench/h200_session_d.sh record     # the 13 many-kernel tasks, range replay; resumable
 #   OUT=/tmp/out bash bench/h200_session_d.sh optimize   # live optimize over the suite (seed tree, rule)
 # Then here: unpack $OUT/rec.tgz over datasets/, run
