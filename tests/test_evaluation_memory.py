@@ -512,6 +512,34 @@ def test_beside_others_the_layout_leaves_the_candidate_its_whole_headroom(tmp_pa
     assert failed.value.kind == "evaluator_error" and failed.value.cause == "no_room"
 
 
+@pytest.mark.parametrize("ledger", [True, False])
+def test_alone_the_layout_leaves_the_headroom_when_the_room_allows(tmp_path, ledger):
+    """Alone on the device (an empty ledger, or none) the candidate may take all the room the reference
+    leaves; when memory held outside the ledger makes that less than its model plus its headroom under
+    the default layout, a leaner layout that leaves the headroom is chosen (on an H100 a ``keep``
+    candidate planned alone ran out of memory at 19.3 GiB against a plan of 18.3 + 3.0 GiB). Where no
+    layout leaves it, the largest that fits at all is taken rather than failing the task."""
+    gib = 2**30
+    referee, sizes = planning_referee(ledger_with_another(tmp_path, None) if ledger else None), ONE_GIB_TASK
+    head = memory.headroom(sizes)
+    full = memory.needs(sizes, memory.choose(sizes, memory.Budget(99 * gib, None, 0, ""), 5, 3, 1), 5)
+    budget = memory.Budget(pair=sum(full) + head - gib, process=None, free=40 * gib, source="free")
+    assert memory.choose(sizes, budget, 5, 3, 1).full  # the default layout, were the headroom squeezed
+    layout, shared = referee.choose_layout(sizes, budget, (5, 3, 1))
+    need = memory.needs(sizes, layout, 5)
+    assert not layout.full and shared.pair == budget.pair
+    cap = memory.candidate_share(need, shared.pair, head, crowded=False)[0]
+    assert cap >= need[1] + head, (layout, need, cap)
+
+    small = memory.needs(sizes, memory.smallest(), 5)
+    tight = replace(budget, pair=sum(small) + head - gib)
+    layout, shared = referee.choose_layout(sizes, tight, (5, 3, 1))
+    assert layout == memory.choose(sizes, tight, 5, 3, 1) is not None  # squeezed, but evaluated
+    assert memory.candidate_share(memory.needs(sizes, layout, 5), tight.pair, head, False)[0] < (
+        memory.needs(sizes, layout, 5)[1] + head
+    )
+
+
 def test_out_of_memory_while_sending_outputs_says_so():
     """An allocation failing while the candidate's process packs its kept outputs (as it does on a
     crowded device) reaches the reference process marked ``out_of_memory`` with the share it had, like

@@ -282,6 +282,28 @@ def roomy(budget: Budget, head: int) -> Budget:
     return replace(budget, pair=max(0, budget.pair - head))
 
 
+def choose_leaving(
+    s: Sizes, budget: Budget, head: int, counts: tuple[int, int, int], alone: bool
+) -> Layout | None:
+    """The layout ``choose`` picks in ``roomy(budget, head)``: one that leaves the candidate its model
+    plus its whole headroom. Alone on the device, where no other evaluation will give memory back, a
+    task no such layout fits takes the layout ``choose`` picks in the whole budget (its candidate then
+    gets what is left); beside others it waits for room instead (``None`` here).
+
+    >>> s = Sizes(100, 100, 100, 0, 0, 0, True, 100)
+    >>> choose_leaving(s, Budget(2600, None, 0, ""), 200, (5, 3, 3), alone=True).full  # leaner
+    False
+    >>> choose_leaving(s, Budget(600, None, 0, ""), 200, (5, 3, 3), alone=True).trials_held
+    1
+    >>> choose_leaving(s, Budget(600, None, 0, ""), 200, (5, 3, 3), alone=False) is None
+    True
+    """
+    layout = choose(s, roomy(budget, head), *counts)
+    if layout is None and alone:
+        return choose(s, budget, *counts)
+    return layout
+
+
 def candidate_share(need: tuple[int, int], pair: int, head: int, crowded: bool) -> tuple[int, int]:
     """(the candidate process's cap, the bytes the pair reserves in the ledger) for a plan that needs
     ``need`` in a budget of ``pair``. Alone on the device the candidate may take all of the budget that

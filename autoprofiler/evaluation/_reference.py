@@ -496,30 +496,30 @@ class Referee:
         candidate is not at fault; nothing is recorded, and a resumed run evaluates it again).
         A task that does not fit the memory free now, while other evaluations in the ledger hold part of
         it, but fits the device alone waits the same way: its size is not its fault either.
-        Beside others the layout must leave the candidate its model plus its headroom
-        (``_memory.roomy``): a share squeezed to what was left is where ``cuda_graph`` and
-        ``channels_last`` candidates ran out of memory, and such a failure is only retried.
+        The layout leaves the candidate its model plus its headroom (``_memory.choose_leaving``): a
+        share squeezed to what was left is where ``cuda_graph`` and ``channels_last`` candidates ran
+        out of memory, and such a failure is only retried. Beside others that is a must (the task
+        waits for room); alone, a task no such layout fits takes the largest layout that fits at all.
         Returns the layout (``None``: too large even alone) and the budget it was chosen in."""
-        path = self.cfg.get("memory_ledger")
-        alone = _memory.choose(sizes, budget, *counts)
+        path, head = self.cfg.get("memory_ledger"), _memory.headroom(sizes)
+        alone = _memory.choose_leaving(sizes, budget, head, counts, alone=True)
         if not path or (alone is None and not self.fits_without_the_others(sizes, budget, counts)):
             return alone, budget
         wait_s = LEDGER_WAIT * float(self.cfg.get("timeout_s", 300.0))
         give_up = time.monotonic() + wait_s
         previous, held = self.phase_name, sizes.model + sizes.inputs + sizes.outputs
-        head = _memory.headroom(sizes)
         while True:
             with _ledger.Ledger(path) as book:
                 others = book.count()
                 shared = _memory.beside(budget, book.others(), others, held)
-                layout = _memory.choose(sizes, _memory.roomy(shared, head) if others else shared, *counts)
+                layout = _memory.choose_leaving(sizes, shared, head, counts, alone=not others)
                 if layout is not None:  # its model and the candidate's headroom (``candidate_share``)
                     need = _memory.needs(sizes, layout, counts[0])
                     book.reserve(_memory.candidate_share(need, shared.pair, head, True)[1])
             if layout is not None:
                 if others:  # what the candidate's share would be with nothing else on the device
                     whole = _memory.alone(budget, self.cfg.get("memory_budget_gb"))
-                    alone = _memory.choose(sizes, whole, *counts) or layout
+                    alone = _memory.choose_leaving(sizes, whole, head, counts, alone=True) or layout
                     self.beside = (others, whole.pair - _memory.needs(sizes, alone, counts[0])[0])
                 if self.phase_name != previous:
                     self.phase(previous)
