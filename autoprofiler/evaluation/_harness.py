@@ -77,7 +77,13 @@ class Failure(Exception):
     ``evaluator_error``: the evaluation machinery failed, e.g. the timing lock; the parent raises)."""
 
     def __init__(
-        self, kind: str, message: str, compiled: bool = True, out_of_memory: bool = False, cause: str = ""
+        self,
+        kind: str,
+        message: str,
+        compiled: bool = True,
+        out_of_memory: bool = False,
+        cause: str = "",
+        candidate_died: bool = False,
     ):
         super().__init__(message)
         self.kind = kind
@@ -85,6 +91,7 @@ class Failure(Exception):
         self.compiled = compiled
         self.out_of_memory = out_of_memory  # an allocation failed (the candidate's process says so)
         self.cause = cause  # an evaluator_error's cause (``_memory``: CANDIDATE_CROWDED_OUT, ...)
+        self.candidate_died = candidate_died  # the reference's link to the candidate's process broke
 
 
 class ProtocolError(Exception):

@@ -142,8 +142,8 @@ class Referee:
                     "crashed",
                     f"the candidate's process died during {self.phase_name}",
                     compiled=self.phase_name not in BUILD_PHASES and self.built,
+                    candidate_died=True,
                 )
-                failure.candidate_died = True
                 raise failure from exc
             except harness.ProtocolError as exc:
                 raise self.protocol_error(str(exc)) from exc
@@ -192,7 +192,7 @@ class Referee:
         result = {"compiled": f.compiled, "correct": False, "error_kind": f.kind, "error": f.message}
         if f.cause:
             result["cause"] = f.cause
-        if f.kind == "crashed" and getattr(f, "candidate_died", False):
+        if f.kind == "crashed" and f.candidate_died:
             result["candidate_died"] = True
             crowded = self.crowded_out()
             if crowded:
