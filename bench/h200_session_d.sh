@@ -23,7 +23,7 @@ record)  # profiles only: every rule action is already recorded for all 45 tasks
   start_packing "$OUT/rec.tgz" datasets/h200_suite
   timeout -k 10 ${RECORD_TIMEOUT:-560} python3 workflows/oracle_sweep.py --out datasets/h200_suite --source ncu \
     --device cuda --joint --joint-batch 2 --range-replay-above ${RANGE_ABOVE:-32} \
-    --filter rowwise_loop_normalize,swish_chain,tiny_elementwise_chain,attention_block,deep_tiny_mlp,embedding_bag_mlp,gru_cell_loop,lstm_sequence,mlp_block,mobilenet_block_fp16,resnet_basic_block,small_cnn,transformer_block_bf16 \
+    --filter "$(python3 bench/device_plan.py --many-kernel-tasks)" \
     --timing-trials 50 --correctness-trials 3 --warmup 5 --jobs 6 --eval-timeout 120 \
     --max-seconds ${RECORD_SECONDS:-420} > $OUT/r/record_e.log 2>&1
   echo "record rc=$?"; grep -v "ncu: profiling:" $OUT/r/record_e.log | grep -v "^\s" | tail -20
