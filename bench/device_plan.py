@@ -15,21 +15,26 @@ choosing between them. The steps, for the card the device tool lent:
 - ``suite_range`` (``bench/h200_session_d.sh record``, H200 only): while a many-kernel suite task lacks
   an ncu group in ``datasets/h200_suite``.
 
-It reads Parquet with pyarrow only (the device's python has no polars).
+It reads Parquet with pyarrow (the device's python has no polars) and imports no torch.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections import defaultdict
 from pathlib import Path
 
 import pyarrow.dataset as ds
 
-#: the rule rewriter's actions every recorded task has a row of
-RULE_ACTIONS = ("keep", "tf32", "channels_last", "cuda_graph", "torch_compile")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/, when imported from elsewhere
+from h200_record_playbook import reachable_actions  # noqa: E402  (it puts the repository root on the path)
+
+from autoprofiler.profiling.groups import GROUPS  # noqa: E402
+from autoprofiler.rewriters.actions import RULE_ACTIONS  # noqa: E402
+
+#: the ncu groups a complete task has a profile of
+NCU_GROUPS = frozenset(name for name, group in GROUPS.items() if group.source == "ncu")
 #: the suite tasks whose many kernels ncu profiles in range replay (``bench/h200_session_d.sh record``)
 MANY_KERNEL_TASKS = (
     "rowwise_loop_normalize",
@@ -46,7 +51,6 @@ MANY_KERNEL_TASKS = (
     "small_cnn",
     "transformer_block_bf16",
 )
-GROUPS = 10  # the ncu groups of the catalog
 
 
 def card_of(gpu_name: str) -> str | None:
@@ -88,29 +92,25 @@ def recorded_actions(recording: Path) -> dict[str, set[str]]:
 def complete_tasks(recording: Path) -> int:
     """Tasks with every ncu group profiled and every rule-v1 action recorded."""
     groups, actions = profiled_groups(recording), recorded_actions(recording)
-    return sum(
-        1 for t, g in groups.items() if len(g) == GROUPS and set(RULE_ACTIONS) <= actions.get(t, set())
-    )
+    return sum(1 for t, g in groups.items() if NCU_GROUPS <= g and set(RULE_ACTIONS) <= actions.get(t, set()))
 
 
 def playbook_cells_left(recording: Path, report: Path) -> int:
-    """Cells playbook-v1 reaches (by ``report``) that the recording holds no reward row of."""
+    """Cells playbook-v1 reaches (by ``report``) that the recording holds no reward row of.
+
+    Raises ValueError (one line) when ``report`` is not a reachability report with playbook-v1."""
     if not report.is_file():
         return 0
-    results = {r["rewriter"]: r for r in json.loads(report.read_text())["results"]}
-    if "playbook-v1" not in results:
-        return 0
     actions = recorded_actions(recording)
-    return sum(
-        len(set(t["reachable"]) - actions.get(t["task"], set())) for t in results["playbook-v1"]["per_task"]
-    )
+    reach = reachable_actions(report, "playbook-v1")
+    return sum(len(wanted - actions.get(task_id, set())) for task_id, wanted in reach.items())
 
 
 def many_kernel_groups_left(suite: Path) -> int:
     """(task, group) profiles the many-kernel suite tasks still lack."""
     groups = profiled_groups(suite)
     by_name = {task_id.rsplit("/", 1)[-1]: g for task_id, g in groups.items()}
-    return sum(GROUPS - len(by_name.get(name, set())) for name in MANY_KERNEL_TASKS)
+    return sum(len(NCU_GROUPS - by_name.get(name, set())) for name in MANY_KERNEL_TASKS)
 
 
 def plan(card: str, root: Path, target: int = 300) -> list[tuple[str, str]]:
@@ -154,7 +154,12 @@ def main(argv: list[str] | None = None) -> int:
             f"error: no recording for the GPU {args.gpu!r} (an H200 or an H100 is expected)", file=sys.stderr
         )
         return 2
-    for step, why in plan(card, Path(args.root)):
+    try:
+        steps = plan(card, Path(args.root))
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for step, why in steps:
         print(f"{step}\t{why}")
     return 0
 

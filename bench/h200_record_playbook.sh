@@ -39,14 +39,12 @@ generated)
   [ "$CARD" != other ] || { echo "TARGET=generated: no recording for the GPU '$GPU'" >&2; exit 2; }
   REC=datasets/recorded/$CARD
   # the generated tasks with every group profiled (pyarrow: the device's python has no polars)
-  IDS=$(python3 - "$REC/profiles" <<'PY'
+  IDS=$(python3 - "$REC" <<'PY'
 import sys
-from collections import defaultdict
-import pyarrow.dataset as ds
-table = ds.dataset(sys.argv[1], format="parquet", partitioning="hive").to_table(columns=["task_id", "group"])
-groups = defaultdict(set)
-for task_id, group in zip(table["task_id"].to_pylist(), table["group"].to_pylist(), strict=True):
-    groups[task_id].add(group)
+from pathlib import Path
+sys.path.insert(0, "bench")
+from device_plan import profiled_groups
+groups = profiled_groups(Path(sys.argv[1]))
 every = set().union(*groups.values()) if groups else set()
 print(",".join(sorted(t for t, g in groups.items() if g == every)))
 PY

@@ -22,8 +22,7 @@ plan_mod = load_script(BENCH / "device_plan.py")
 
 def write_recording(folder: Path, groups: dict[str, int], actions: dict[str, list[str]]) -> None:
     """A recording's two tables: ``groups[task]`` ncu groups profiled, ``actions[task]`` rule-v1 rows."""
-    names = ["root", "speed_of_light", "memory", "cache", "stalls", "occupancy", "compute_pipes",
-             "tensor_cores", "instruction_mix", "flops"]  # fmt: skip
+    names = sorted(plan_mod.NCU_GROUPS)
     prof = [(t, g) for t, n in groups.items() for g in names[:n]]
     (folder / "profiles").mkdir(parents=True)
     (folder / "rewards").mkdir(parents=True)
@@ -69,7 +68,7 @@ def test_the_h200_plan_records_until_the_target_then_the_playbook_then_the_suite
     assert [s for s, _ in steps] == ["record", "playbook", "suite_range"]
     assert "2 of 3 H200 tasks complete (suite 1, generated 1)" in steps[0][1]
     assert steps[1][1].startswith("1 reachable playbook cells")  # sdpa on a; torch_compile is recorded
-    missing = (len(plan_mod.MANY_KERNEL_TASKS) - 1) * plan_mod.GROUPS
+    missing = (len(plan_mod.MANY_KERNEL_TASKS) - 1) * len(plan_mod.NCU_GROUPS)
     assert steps[2][1].startswith(f"{missing} group profiles")
     # the target met and the cell recorded: the suite's profiles are what is left
     assert [s for s, _ in plan_mod.plan("h200", tree, target=2)] == ["playbook", "suite_range"]
@@ -103,7 +102,7 @@ def fake_bin(tmp_path: Path, gpu: str) -> dict:
 
 def test_device_next_runs_the_plan_in_order_with_the_time_left(tree: Path, tmp_path: Path):
     (tree / "bench").mkdir(exist_ok=True)
-    for name in ("device_next.sh", "device_plan.py"):
+    for name in ("device_next.sh", "device_plan.py", "h200_record_playbook.py"):
         shutil.copy(BENCH / name, tree / "bench" / name)
     out = tmp_path / "out"
     env = {**fake_bin(tmp_path, "NVIDIA H200"), "DRY_RUN": "1", "OUT": str(out), "SECONDS_LEFT": "400"}
