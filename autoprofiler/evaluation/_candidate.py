@@ -279,7 +279,8 @@ class CandidateProcess:
                 warm = [tools.make_inputs(self.get_inputs, self.seed)]
             else:
                 warm = [self.trials[t] for t in sorted(self.trials)]
-            tools.rehearse(self.model, warm, int(msg["calls"]), int(msg.get("block", 1)))
+            calls, block, held = int(msg["calls"]), int(msg.get("block", 1)), int(msg.get("held", 0))
+            tools.rehearse(self.model, warm, calls, block, held)
             del warm
         except BaseException as exc:
             self.fail(self.classify(exc, "runtime_error", "warm-up"))

@@ -380,21 +380,59 @@ class Tools:
             untimed += rest
         return untimed
 
-    def rehearse(self, model, inputs: list, calls: int, block: int) -> None:
+    def rehearse(self, model, inputs: list, calls: int, block: int, held: int = 0) -> None:
         """Warm-up: ``calls`` calls of ``model`` on ``inputs`` through the timing loop itself (timed,
         checksums, retained copies), ``block`` at a time, each block's outputs dropped before the next
         as in timing, so caches, the allocator and the pool of retained-output buffers are in the state
         timing will find, in both processes alike, and no more outputs are alive at once than timing
         holds (the memory plan counts one block). Warming up with bare calls left the candidate
         process's first timed block up to 2x slower than the rest (small bf16 matmuls on the 2-CPU
-        machine), which pulled identity speedups below 1."""
+        machine), which pulled identity speedups below 1. ``held``: the most retained copies timing
+        keeps alive at once (the calls checked after the fact plus a block; ``settle_heap``)."""
         sets = dict(enumerate(inputs))
         block = max(1, block)
         for start in range(0, calls, block):
             keys = [(i % len(inputs), None) for i in range(start, min(calls, start + block))]
             outs = self.time_block(model, keys, sets, None)[0]
             self.sync()
+            if start + block >= calls and not self.is_cuda:
+                self.settle_heap(outs, held)
             del outs
+
+    #: outputs' worth of the heap's top that ``settle_heap`` touches and frees, and at most these bytes
+    #: (2 and 8 were tried, on l1/relu alone: 2 left timed calls faulting, 8 none)
+    HEAP_TOP_OUTPUTS, HEAP_TOP_BYTES = 8, 256 * 2**20
+
+    def settle_heap(self, outs: list, held: int) -> None:
+        """CPU: put the heap in the state a long timing loop reaches, before the first timed call.
+
+        A retained copy kept for the after-the-fact check needs a pool buffer, and a buffer allocated
+        while timing can take the memory the next call's output would have reused; small allocations
+        also push a freed output up the heap for the first calls after the warm-up. Either way that
+        call's output faults in fresh pages (l1/relu at small size: 1.4 ms a call instead of 0.1), and
+        with few timing trials the median can land on such calls in one process and not the other (an
+        identity "speedup" above 10x, flagged ``suspicious``). So the pool is filled now to the
+        ``held`` buffers timing keeps alive at once, and the heap's top is touched for
+        ``HEAP_TOP_OUTPUTS`` outputs and freed (the worker's ``MALLOC_TRIM_THRESHOLD_`` keeps it
+        resident: ``workers.worker_env``). Tensors at or above the worker's ``MALLOC_MMAP_THRESHOLD_``
+        are mapped per allocation, not taken from the heap, and get no touched top.
+        """
+        extra = [self.retained(outs[i % len(outs)]) for i in range(max(0, held - len(outs)))] if outs else []
+        heap_limit = int(os.environ.get("MALLOC_MMAP_THRESHOLD_", "0"))
+        sizes = [
+            t.nbytes
+            for out in outs[:1]
+            for t in self.flatten(out)
+            if isinstance(t, self.Tensor) and 0 < t.nbytes < heap_limit
+        ]
+        top, total = [], 0
+        with self.no_torch_function():
+            for n in sizes * self.HEAP_TOP_OUTPUTS:
+                if total + n > self.HEAP_TOP_BYTES:
+                    break
+                top.append(self.torch.ones(n, dtype=self.torch.uint8))
+                total += n
+        del extra, top
 
     def retained(self, out):
         """What a block keeps of a timed call's output until the after-the-fact choice.

@@ -89,13 +89,14 @@ class Timing:
         referee, tools = self.referee, self.tools
         warmup = max(0, int(self.cfg.get("warmup", 10)))
         warmup = max(warmup, 2 * self.block_size)  # the retained-output pool fills to two blocks
-        warm_msg = {"op": "warmup", "calls": warmup, "block": self.block_size}
+        held = len(self.checked) + self.block_size  # retained copies alive at once while timing
+        warm_msg = {"op": "warmup", "calls": warmup, "block": self.block_size, "held": held}
         if self.warm is None:
             warm_msg["remake"] = True  # the candidate's process makes trial 0's inputs again, too
         referee.request(warm_msg, "warm")
         tools.prepare_timing(int(self.cfg.get("l2_flush_mb", 256)))
         warm = self.warm or [tools.make_inputs(self.get_inputs, int(self.cfg.get("seed", 42)))]
-        tools.rehearse(self.ref, warm, warmup, self.block_size)
+        tools.rehearse(self.ref, warm, warmup, self.block_size, held)
         del warm
         if self.warm is None:
             _memory.release(tools)
